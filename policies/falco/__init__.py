@@ -1,0 +1,1 @@
+"""Falco rule language: loader, condition compiler, field catalogue and engine."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.dates as mdates
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 if TYPE_CHECKING:
     from observability.report import PhaseLatency
 
-STYLE = {
+STYLE: dict[Any, Any] = {
     "font.size": 11,
     "axes.titlesize": 14,
     "axes.titleweight": "bold",

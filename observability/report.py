@@ -164,7 +164,7 @@ def alerts_frame(records: Records) -> pl.DataFrame:
     """One row per alert, with image and node filled from its episode if missing."""
     if records.alerts.is_empty():
         alerts = _nested_alerts(records.episodes).select(records.alerts.columns)
-        return alerts.cast(dict(records.alerts.schema))
+        return alerts.cast(records.alerts.schema)
     episode_info = records.episodes.select(
         "workflow_id", pl.col("image").alias("_image"), pl.col("node").alias("_node")
     ).unique("workflow_id")
@@ -235,7 +235,9 @@ def _summarize(records: Records, alerts: pl.DataFrame, summary: ReportSummary) -
             "alerts_total": alerts.height,
             "alerts_by_rule": _counts(alerts_by_rule(alerts), "rule"),
             "alerts_by_priority": _counts(alerts_by_rule(alerts), "priority"),
-            "alerts_by_image": _counts(top_offenders(alerts, "image", alerts.height), "image", "alerts"),
+            "alerts_by_image": _counts(
+                top_offenders(alerts, "image", alerts.height), "image", "alerts"
+            ),
             "alerts_by_command": _counts(
                 top_offenders(alerts, "proc_cmdline", TOP_N), "proc_cmdline", "alerts"
             ),
@@ -260,9 +262,7 @@ def _draw(records: Records, alerts: pl.DataFrame, out_dir: Path) -> dict[str, Pa
     return {name: path for name, path in drawn.items() if path is not None}
 
 
-def build_report(
-    records_dir: Path, out_dir: Path, since: datetime | None = None
-) -> ReportSummary:
+def build_report(records_dir: Path, out_dir: Path, since: datetime | None = None) -> ReportSummary:
     """Analyse `records_dir`, write PNGs and `index.html` into `out_dir`.
 
     An empty store (or nothing since `since`) is not an error: the summary's
@@ -350,9 +350,7 @@ def _cards(summary: ReportSummary) -> str:
 
 def _latency_df(summary: ReportSummary) -> pl.DataFrame:
     rows = [r.model_dump() for r in summary.latency]
-    return pl.DataFrame(rows).rename(
-        {"p50": "p50 (s)", "p90": "p90 (s)", "p99": "p99 (s)"}
-    )
+    return pl.DataFrame(rows).rename({"p50": "p50 (s)", "p90": "p90 (s)", "p99": "p99 (s)"})
 
 
 def _sections(
@@ -385,7 +383,8 @@ def _write_html(
     when = summary.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
     window = ""
     if summary.window_start and summary.window_end:
-        window = f" · episodes from {summary.window_start:%Y-%m-%d %H:%M} to {summary.window_end:%H:%M} UTC"
+        start, end = summary.window_start, summary.window_end
+        window = f" · episodes from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -398,7 +397,9 @@ def _write_html(
         parts.append(f'<div class="empty">{html.escape(summary.message)}</div>')
     else:
         parts.append(_cards(summary))
-        for title, img, table in _sections(summary, records, drawn, alerts if alerts is not None else records.alerts):
+        for title, img, table in _sections(
+            summary, records, drawn, alerts if alerts is not None else records.alerts
+        ):
             parts.append(f"<section><h2>{html.escape(title)}</h2>{img}{table}</section>")
     parts.append("</body></html>")
     path = out_dir / "index.html"

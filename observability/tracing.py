@@ -202,7 +202,9 @@ def _otlp_exporter(endpoint: str | None) -> SpanExporter:
             "exporter 'otlp' needs the package opentelemetry-exporter-otlp "
             "(pip install opentelemetry-exporter-otlp)"
         ) from exc
-    return cast(SpanExporter, OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter())
+    return cast(
+        SpanExporter, OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
+    )
 
 
 def _export_processor(config: _Config) -> SpanProcessor | None:
@@ -299,7 +301,7 @@ def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class span:  # noqa: N801 - used like a function: `with span(...)`, `@span(...)`
+class span:  # lower case: used like a function, `with span(...)` and `@span(...)`
     """A span around a block or a function, sync or async.
 
     `with span("sandbox.create", **{ATTR_SANDBOX_ID: sid}):` or

@@ -74,10 +74,16 @@ def _alerts(rng: random.Random, wid: str, image: str, node: str, at: datetime) -
         rule, priority, action = rng.choice(RULES)
         out.append(
             AlertRecord(
-                workflow_id=wid, rule=rule, priority=priority, action=action,
-                time=at, container_id=f"c-{wid}", proc_cmdline=rng.choice(COMMANDS),
-                image=image, node=node,
-            )  # fmt: skip
+                workflow_id=wid,
+                rule=rule,
+                priority=priority,
+                action=action,
+                time=at,
+                container_id=f"c-{wid}",
+                proc_cmdline=rng.choice(COMMANDS),
+                image=image,
+                node=node,
+            )
         )
     return out
 
@@ -97,15 +103,26 @@ def make_synthetic(n: int = 300, seed: int = 7, minutes: int = 20) -> Synthetic:
         duration = provision + sum(s.duration_s for s in steps) + teardown + rng.uniform(0, 2)
         data.episodes.append(
             EpisodeRecord(
-                workflow_id=wid, run_id=f"run-{i}", tenant="team-rl", image=image, node=node,
-                spec_hash="abc123", started_at=started,
-                ended_at=started + timedelta(seconds=duration), duration_s=duration,
-                outcome=outcome, reason=rng.choice(REASONS[outcome]) if outcome in REASONS else None,
-                reward=rng.random() if outcome == "completed" else None, steps=len(steps),
-                provision_s=provision, teardown_s=teardown,
-                alerts=[EpisodeAlert(rule=a.rule, priority=a.priority, action=a.action, time=a.time)
-                        for a in alerts],
-            )  # fmt: skip
+                workflow_id=wid,
+                run_id=f"run-{i}",
+                tenant="team-rl",
+                image=image,
+                node=node,
+                spec_hash="abc123",
+                started_at=started,
+                ended_at=started + timedelta(seconds=duration),
+                duration_s=duration,
+                outcome=outcome,
+                reason=rng.choice(REASONS[outcome]) if outcome in REASONS else None,
+                reward=rng.random() if outcome == "completed" else None,
+                steps=len(steps),
+                provision_s=provision,
+                teardown_s=teardown,
+                alerts=[
+                    EpisodeAlert(rule=a.rule, priority=a.priority, action=a.action, time=a.time)
+                    for a in alerts
+                ],
+            )
         )
         data.steps.extend(steps)
         data.alerts.extend(alerts)

@@ -43,3 +43,11 @@ class ContainerdUnavailable(SandboxError):
 
 class ContainerdError(SandboxError):
     """containerd answered with an error that has no more specific type."""
+
+
+class NetworkError(SandboxError):
+    """Sandbox network plumbing (veth, addresses, nftables) failed; the message names the step."""
+
+
+class ImageBuildError(SandboxError):
+    """Building an image (debootstrap, apt, layer tarballs) failed; the message names the step."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,19 +101,36 @@ def throughput(per_minute: pl.DataFrame, path: Path) -> Path | None:
     with _figure(path, 10, 4.8) as fig:
         ax = fig.add_subplot()
         bottom = np.zeros(len(minutes))
-        width = 0.8 / (24 * 60)  # bars are 80% of a minute wide (date units are days)
+        # Each bar starts at its minute and fills 80% of it (date units are days).
+        width = 0.8 / (24 * 60)
         for outcome in outcomes:
             counts = wide[outcome].to_numpy().astype(float)
-            ax.bar(minutes, counts, width=width, bottom=bottom, label=outcome,
+            ax.bar(minutes, counts, width=width, bottom=bottom, label=outcome, align="edge",
                    color=_color(OUTCOME_COLORS, outcome))  # fmt: skip
             bottom += counts
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+        _minute_axis(ax, minutes)
         ax.set_title("Episodes finished per minute")
         ax.set_xlabel("minute (UTC)")
         ax.set_ylabel("episodes")
         _integer_axis(ax)
         ax.legend(title="outcome", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return path
+
+
+def _minute_axis(ax: Axes, minutes: list[datetime]) -> None:
+    # Pad by a minute each side: with one or two minutes of data the default
+    # limits zoom into a single bar and repeat the same tick label.
+    pad = timedelta(minutes=1)
+    first, last = min(minutes), max(minutes)
+    ax.set_xlim(first - pad, last + 2 * pad)  # type: ignore[arg-type]
+    short = last - first <= timedelta(minutes=12)
+    # Ticks on whole minutes for short runs: the bins are minutes, sub-minute
+    # ticks would suggest a resolution the data does not have.
+    locator: mdates.DateLocator = (
+        mdates.MinuteLocator() if short else mdates.AutoDateLocator(minticks=3, maxticks=10)
+    )
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=True))
 
 
 def latency(table: Sequence[PhaseLatency], path: Path) -> Path | None:

@@ -129,10 +129,17 @@ def make_synthetic(n: int = 300, seed: int = 7, minutes: int = 20) -> Synthetic:
     return data
 
 
-def write_synthetic(directory: Path, data: Synthetic) -> None:
-    with RecordWriter(directory, max_rows=97) as writer:  # odd size: several part files
-        for records in (data.episodes, data.steps, data.alerts):
-            writer.extend(list(records))
+def write_synthetic(directory: Path, data: Synthetic, chunk: int = 97) -> None:
+    """Write through a RecordWriter, flushing every `chunk` episodes so the
+    store holds several part files per kind, as a long run would."""
+    with RecordWriter(directory, flush_interval_s=3600) as writer:
+        for start in range(0, len(data.episodes), chunk):
+            episodes = data.episodes[start : start + chunk]
+            ids = {e.workflow_id for e in episodes}
+            writer.extend(list(episodes))
+            writer.extend([s for s in data.steps if s.workflow_id in ids])
+            writer.extend([a for a in data.alerts if a.workflow_id in ids])
+            writer.flush()
 
 
 @pytest.fixture

@@ -17,9 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
-import polars as pl
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -27,13 +26,19 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
+if TYPE_CHECKING:
+    # polars is imported only by the readers: the sandbox and activity layers
+    # import this module for `span` and should not pay for (or, inside
+    # Temporal's workflow sandbox, trip over) loading polars.
+    import polars as pl
+
 __all__ = [
     "ATTR_EPISODE_ID",
     "ATTR_IMAGE",
     "ATTR_NODE",
     "ATTR_SANDBOX_ID",
     "ATTR_WORKFLOW_ID",
-    "SPAN_SCHEMA",
+    "SPAN_COLUMNS",
     "JsonLinesSpanExporter",
     "TracingSetupError",
     "read_spans",
@@ -56,20 +61,28 @@ ATTR_WORKFLOW_ID = "corral.workflow_id"
 
 EXPORTERS = ("file", "otlp", "none")
 
-SPAN_SCHEMA: dict[str, pl.DataType] = {
-    "trace_id": pl.String(),
-    "span_id": pl.String(),
-    "parent_id": pl.String(),
-    "name": pl.String(),
-    "kind": pl.String(),
-    "start_ns": pl.Int64(),
-    "end_ns": pl.Int64(),
-    "duration_ms": pl.Float64(),
-    "status": pl.String(),
-    "status_description": pl.String(),
-    "service_name": pl.String(),
-    "attributes": pl.String(),  # JSON object: keys differ span to span
+# Columns of `read_spans`; `attributes` is a JSON object as a string because
+# its keys differ from span to span.
+SPAN_COLUMNS: dict[str, str] = {
+    "trace_id": "String",
+    "span_id": "String",
+    "parent_id": "String",
+    "name": "String",
+    "kind": "String",
+    "start_ns": "Int64",
+    "end_ns": "Int64",
+    "duration_ms": "Float64",
+    "status": "String",
+    "status_description": "String",
+    "service_name": "String",
+    "attributes": "String",
 }
+
+
+def span_schema() -> dict[str, pl.DataType]:
+    import polars as pl
+
+    return {name: getattr(pl, dtype)() for name, dtype in SPAN_COLUMNS.items()}
 
 
 class TracingSetupError(RuntimeError):
@@ -368,14 +381,14 @@ class span:  # lower case: used like a function, `with span(...)` and `@span(...
 def _row(obj: dict[str, Any]) -> dict[str, Any]:
     start, end = obj.get("start_ns"), obj.get("end_ns")
     duration = (end - start) / 1e6 if start is not None and end is not None else None
-    row = {key: obj.get(key) for key in SPAN_SCHEMA}
+    row = {key: obj.get(key) for key in SPAN_COLUMNS}
     row["duration_ms"] = duration
     row["attributes"] = json.dumps(obj.get("attributes") or {}, sort_keys=True)
     return row
 
 
 def read_spans(path: Path) -> pl.DataFrame:
-    """Spans written by the file exporter, one row per span (see SPAN_SCHEMA).
+    """Spans written by the file exporter, one row per span (see SPAN_COLUMNS).
 
     `attributes` is a JSON string because keys differ from span to span. A
     missing file gives an empty frame; a torn last line (writer killed
@@ -391,7 +404,9 @@ def read_spans(path: Path) -> pl.DataFrame:
                 rows.append(_row(json.loads(line)))
             except json.JSONDecodeError:
                 log.warning("skipping unreadable span line in %s", p)
-    return pl.DataFrame(rows, schema=SPAN_SCHEMA)
+    import polars as pl
+
+    return pl.DataFrame(rows, schema=span_schema())
 
 
 def _tree_label(row: dict[str, Any]) -> str:
@@ -410,6 +425,8 @@ def trace_tree(df: pl.DataFrame, trace_id: str) -> str:
     Spans whose parent is not in the frame (remote parent, not exported yet)
     are shown as roots, so nothing is hidden.
     """
+    import polars as pl
+
     rows = df.filter(pl.col("trace_id") == trace_id).sort("start_ns").to_dicts()
     ids = {r["span_id"] for r in rows}
     children: dict[str | None, list[dict[str, Any]]] = {}

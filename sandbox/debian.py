@@ -382,7 +382,7 @@ def build_debian_image(cache_dir: Path, packages: list[str], suite: str = "bookw
     instead, for when chroot apt cannot run.
     """
     pkgs = _check_packages(packages)
-    root = cache_dir / "debian"
+    root = cache_dir.resolve() / "debian"
     if layered and not pkgs:
         return _build_base(root, suite, mirror)
     key = _key(kind="layered" if layered else "flat", suite=suite, mirror=mirror, packages=pkgs)

@@ -347,7 +347,8 @@ def _label(item: object, index: int) -> str:
 
 
 def _explain(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    # A misspelt key shows up as both unknown and missing: name the typo.
+    err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     loc = ".".join(str(p) for p in err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":

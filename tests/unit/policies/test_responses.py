@@ -217,6 +217,7 @@ def test_decision_json_shape() -> None:
             "rule 'r': match.priority: unknown priority 'Severe'",
         ),
         ("- name: r\n  matches: {}\n  actions: [kill]\n", "rule 'r': unknown key 'matches'"),
+        ("- name: r\n  actons: [kill]\n", "rule 'r': unknown key 'actons'"),
         (
             "- name: r\n  match: {priorty: Error}\n  actions: [kill]\n",
             "rule 'r': unknown key 'match.priorty'",

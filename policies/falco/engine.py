@@ -1,0 +1,345 @@
+"""The rule engine: compiled rules indexed by event type, evaluated per event.
+
+``Ruleset.build`` turns a ``LoadResult`` into one ``RuleEntry`` per rule with
+a status (supported / unsupported / disabled / error). ``RuleEngine``
+evaluates the supported ones. Like Falco, only the rules whose condition can
+match the event's ``evt.type`` are evaluated, in definition order, and by
+default (Falco's ``rule_matching: first``) evaluation stops at the first
+rule that matches; ``rule_matching="all"`` reports every matching rule.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+from policies.falco.compiler import (
+    EventTypes,
+    Expander,
+    Expansion,
+    Getter,
+    Predicate,
+    compile_predicate,
+    condition_with_exceptions,
+    event_types,
+    fields_used,
+    make_getter,
+    missing_fields,
+    resolve_field,
+)
+from policies.falco.fieldapi import FieldRegistry
+from policies.falco.grammar import FieldRef
+from policies.falco.loader import (
+    SYSCALL_SOURCE,
+    LoadResult,
+    LoadWarning,
+    Priority,
+    RuleInfo,
+    RuleLoadError,
+    UnknownFieldError,
+    UnsupportedOperatorError,
+    load_files,
+    load_texts,
+)
+from policies.falco.output import ExtraFields, OutputTemplate, json_value
+
+log = logging.getLogger(__name__)
+
+RuleMatching = Literal["first", "all"]
+
+
+class RuleStatus(str, Enum):
+    SUPPORTED = "supported"
+    UNSUPPORTED = "unsupported"
+    DISABLED = "disabled"
+    ERROR = "error"
+
+
+@dataclass
+class RuleEntry:
+    """One rule after compilation, whatever became of it."""
+
+    info: RuleInfo
+    status: RuleStatus
+    condition_text: str
+    reason: str | None = None
+    expansion: Expansion | None = None
+    event_types: EventTypes = field(default_factory=EventTypes.all)
+    missing_fields: list[str] = field(default_factory=list)
+    predicate: Predicate | None = None
+    output: OutputTemplate | None = None
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def fields(self) -> list[str]:
+        return fields_used(self.expansion.node) if self.expansion else []
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One rule that matched one event: what an alert is made of."""
+
+    rule: str
+    priority: Priority
+    tags: tuple[str, ...]
+    output: str
+    output_fields: dict[str, Any]
+    source: str = SYSCALL_SOURCE
+
+    @property
+    def priority_name(self) -> str:
+        return self.priority.falco_name
+
+    def falco_json(self, time_ns: int, hostname: str) -> dict[str, Any]:
+        """The body of Falco's ``json_output`` for this match (``time_ns``: event time)."""
+        when = datetime.fromtimestamp(time_ns // 1_000_000_000, UTC)
+        ns = time_ns % 1_000_000_000
+        return {
+            "hostname": hostname,
+            "output": f"{when:%H:%M:%S}.{ns:09d}: {self.priority_name} {self.output}",
+            "output_fields": dict(self.output_fields),
+            "priority": self.priority_name,
+            "rule": self.rule,
+            "source": self.source,
+            "tags": list(self.tags),
+            "time": f"{when:%Y-%m-%dT%H:%M:%S}.{ns:09d}Z",
+        }
+
+
+class Ruleset:
+    """Compiled rules plus what the loader and compiler had to say."""
+
+    def __init__(self, load: LoadResult, entries: list[RuleEntry], errors: list[str]) -> None:
+        self.load = load
+        self.entries = entries
+        self.errors = errors
+        self.active = [e for e in entries if e.status is RuleStatus.SUPPORTED]
+        self._by_type: dict[str | None, tuple[RuleEntry, ...]] = {}
+
+    @property
+    def warnings(self) -> list[LoadWarning]:
+        return self.load.warnings
+
+    @classmethod
+    def build(cls, load: LoadResult, registry: FieldRegistry, *, strict: bool = True) -> Ruleset:
+        """Compile every rule. ``strict``: raise on the first problem, as Falco does."""
+        return _Builder(load, registry, strict).build()
+
+    def get(self, name: str) -> RuleEntry | None:
+        return next((e for e in self.entries if e.name == name), None)
+
+    def rules_for(self, evt_type: str | None) -> tuple[RuleEntry, ...]:
+        """Active rules that can match this event type, in definition order."""
+        found = self._by_type.get(evt_type)
+        if found is None:
+            found = tuple(e for e in self.active if evt_type in e.event_types)
+            self._by_type[evt_type] = found
+        return found
+
+    def event_types(self) -> frozenset[str]:
+        """Union of the event types the active rules need (see ``unbounded_rules``)."""
+        names: set[str] = set()
+        for e in self.active:
+            if e.event_types.finite:
+                names |= e.event_types.names
+        return frozenset(names)
+
+    def unbounded_rules(self) -> list[str]:
+        """Active rules that may match (almost) any event type: the sensor cannot
+        enumerate their syscalls, it must capture everything it can for them."""
+        return [e.name for e in self.active if not e.event_types.finite]
+
+
+class _Builder:
+    def __init__(self, load: LoadResult, registry: FieldRegistry, strict: bool) -> None:
+        self.load = load
+        self.registry = registry
+        self.strict = strict
+        self.expander = Expander(load.lists, load.macros)
+        self.errors: list[str] = []
+
+    def build(self) -> Ruleset:
+        self._check_macros()
+        rules = sorted(self.load.rules.values(), key=lambda r: r.index)
+        entries = [self._entry(r) for r in rules]
+        self._warn_unused(entries)
+        return Ruleset(self.load, entries, self.errors)
+
+    def _fail(self, err: RuleLoadError) -> None:
+        if self.strict:
+            raise err
+        self.errors.append(str(err))
+
+    def _check_macros(self) -> None:
+        # Falco parses and resolves every macro, used or not.
+        for macro in sorted(self.load.macros.values(), key=lambda m: m.index):
+            try:
+                self.expander.expand(macro.condition, macro.ctx)
+            except RuleLoadError as e:
+                self._fail(e)
+
+    def _entry(self, rule: RuleInfo) -> RuleEntry:
+        text = condition_with_exceptions(rule)
+        entry = RuleEntry(rule, RuleStatus.SUPPORTED, text)
+        if rule.source != SYSCALL_SOURCE:
+            entry.status, entry.reason = RuleStatus.UNSUPPORTED, f"unsupported source '{rule.source}'"
+            return entry
+        try:
+            entry.expansion = self.expander.expand(text, rule.ctx)
+        except RuleLoadError as e:
+            self._fail(e)
+            entry.status, entry.reason = RuleStatus.ERROR, e.reason
+            return entry
+        entry.event_types = event_types(entry.expansion.node)
+        entry.missing_fields = missing_fields(entry.expansion.node, self.registry)
+        if not rule.enabled:
+            entry.status, entry.reason = RuleStatus.DISABLED, "enabled: false"
+            return entry
+        self._compile(entry)
+        return entry
+
+    def _compile(self, entry: RuleEntry) -> None:
+        rule = entry.info
+        assert entry.expansion is not None
+        if entry.missing_fields:
+            names = ", ".join(entry.missing_fields)
+            entry.status = RuleStatus.UNSUPPORTED
+            entry.reason = f"unknown field {names}"
+            if rule.skip_if_unknown_filter:
+                self.load.warn(f"skipped (skip-if-unknown-filter): unknown field {names}", rule.ctx)
+            elif self.strict:
+                raise UnknownFieldError(entry.missing_fields[0], rule.ctx, "not in the field registry")
+            return
+        try:
+            entry.predicate = compile_predicate(entry.expansion.node, self.registry, rule.ctx)
+        except UnsupportedOperatorError as e:
+            if self.strict:
+                raise
+            entry.status, entry.reason = RuleStatus.UNSUPPORTED, e.reason
+            return
+        except RuleLoadError as e:
+            self._fail(e)
+            entry.status, entry.reason = RuleStatus.ERROR, e.reason
+            return
+        entry.output = OutputTemplate(rule.output, self.registry)
+        if entry.output.unknown_fields:
+            unknown = ", ".join(sorted(set(entry.output.unknown_fields)))
+            self.load.warn(f"output fields not in the field registry render <NA>: {unknown}", rule.ctx)
+        if entry.event_types.is_all and rule.warn_evttypes:
+            self.load.warn(
+                "rule matches every event type (no evt.type restriction): slow", rule.ctx
+            )
+
+    def _warn_unused(self, entries: list[RuleEntry]) -> None:
+        used_macros: set[str] = set()
+        used_lists: set[str] = set()
+        for e in entries:
+            if e.expansion:
+                used_macros |= e.expansion.macros
+                used_lists |= e.expansion.lists
+        for name, macro in self.load.macros.items():
+            if name not in used_macros:
+                self.load.warn("macro not referenced by any rule", macro.ctx)
+        for name, lst in self.load.lists.items():
+            if name not in used_lists:
+                self.load.warn("list not referenced by any rule", lst.ctx)
+
+
+class RuleEngine:
+    """Evaluates a ruleset on events; the event object is opaque (extractors read it)."""
+
+    def __init__(
+        self, ruleset: Ruleset, registry: FieldRegistry, *, rule_matching: RuleMatching = "first"
+    ) -> None:
+        if rule_matching not in ("first", "all"):
+            raise ValueError(f"rule_matching must be 'first' or 'all', not {rule_matching!r}")
+        self.ruleset = ruleset
+        self.registry = registry
+        self.rule_matching = rule_matching
+        self.eval_errors: dict[str, int] = {}
+        self._extra = ExtraFields(registry)
+        self._evt_type: Getter | None
+        try:
+            self._evt_type = make_getter(resolve_field(registry, FieldRef("evt.type"), None))
+        except RuleLoadError:
+            self._evt_type = None  # no index possible: every rule sees every event
+
+    @classmethod
+    def from_files(
+        cls,
+        paths: Sequence[Path | str],
+        registry: FieldRegistry,
+        *,
+        strict: bool = True,
+        rule_matching: RuleMatching = "first",
+    ) -> RuleEngine:
+        """Load rule files in order (later files override earlier ones) and compile them."""
+        ruleset = Ruleset.build(load_files(paths), registry, strict=strict)
+        return cls(ruleset, registry, rule_matching=rule_matching)
+
+    @classmethod
+    def from_texts(
+        cls,
+        sources: Iterable[tuple[str, str]],
+        registry: FieldRegistry,
+        *,
+        strict: bool = True,
+        rule_matching: RuleMatching = "first",
+    ) -> RuleEngine:
+        """Like ``from_files`` for (name, YAML text) pairs."""
+        ruleset = Ruleset.build(load_texts(sources), registry, strict=strict)
+        return cls(ruleset, registry, rule_matching=rule_matching)
+
+    def event_types(self) -> frozenset[str]:
+        return self.ruleset.event_types()
+
+    def candidates(self, event: Any) -> tuple[RuleEntry, ...]:
+        if self._evt_type is None:
+            return tuple(self.ruleset.active)
+        evt_type = self._evt_type(event)
+        return self.ruleset.rules_for(evt_type if isinstance(evt_type, str) else None)
+
+    def evaluate(self, event: Any) -> list[Match]:
+        matches: list[Match] = []
+        for entry in self.candidates(event):
+            if self._matches(entry, event):
+                matches.append(self._match(entry, event))
+                if self.rule_matching == "first":
+                    break
+        return matches
+
+    def _matches(self, entry: RuleEntry, event: Any) -> bool:
+        assert entry.predicate is not None
+        try:
+            return entry.predicate(event)
+        except Exception:
+            # An extractor bug must not take the sensor down; count and log it once.
+            count = self.eval_errors.get(entry.name, 0)
+            self.eval_errors[entry.name] = count + 1
+            if count == 0:
+                log.exception("rule %r raised while evaluating an event", entry.name)
+            return False
+
+    def _match(self, entry: RuleEntry, event: Any) -> Match:
+        assert entry.output is not None
+        values = entry.output.values(event)
+        fields = {k: json_value(v) for k, v in values.items()}
+        for name, value in self._extra.values(event).items():
+            fields.setdefault(name, json_value(value))
+        info = entry.info
+        return Match(
+            rule=info.name,
+            priority=info.priority,
+            tags=tuple(sorted(info.tags)),
+            output=entry.output.render(event, values),
+            output_fields=fields,
+            source=info.source,
+        )

@@ -1,0 +1,653 @@
+"""Read Falco rule files into lists, macros and rules, applying overrides.
+
+The semantics follow Falco's rule loader (reader + collector): items are
+read in order across files; a later definition of the same name replaces
+the earlier one but keeps its position; ``override: {key: append|replace}``
+(Falco >= 0.36) and the legacy ``append: true`` modify an earlier item;
+an item with only ``rule`` and ``enabled`` toggles an earlier rule.
+Conditions stay text here: ``compiler.py`` parses and expands them.
+
+YAML is read with every plain scalar kept as a string (as yaml-cpp does for
+Falco), so ``items: [010, yes]`` means the strings ``010`` and ``yes``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sandbox.errors import CorralError
+
+SYSCALL_SOURCE = "syscall"
+
+# Names accepted for list and macro names (libsinsp's RGX_BARESTR / RGX_IDENTIFIER).
+_LIST_NAME = re.compile(r"""[^()"'\s=,]+""")
+_MACRO_NAME = re.compile(r"[a-zA-Z]+[a-zA-Z0-9_]*")
+
+_RULE_APPENDABLE = ("condition", "output", "desc", "tags", "exceptions")
+_RULE_REPLACEABLE = (
+    "condition", "output", "desc", "priority", "tags", "exceptions", "enabled",
+    "warn_evttypes", "skip-if-unknown-filter",
+)
+_KNOWN_KEYS = {
+    "list": {"list", "items", "append", "override"},
+    "macro": {"macro", "condition", "append", "override"},
+    "rule": {
+        "rule", "condition", "output", "desc", "priority", "tags", "enabled", "exceptions",
+        "source", "append", "override", "warn_evttypes", "skip-if-unknown-filter",
+        "capture", "capture_duration",
+    },
+}
+
+
+# --- errors -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ItemContext:
+    """Where an item came from, for one-line messages."""
+
+    file: str
+    line: int | None
+    kind: str  # "rule", "macro", "list", "item", "file"
+    name: str = ""
+
+    def describe(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        if self.kind == "file" or not self.name:
+            return where if self.kind == "file" else f"{where}: {self.kind}"
+        return f"{where}: {self.kind} '{self.name}'"
+
+
+class RuleLoadError(CorralError):
+    """A rule file could not be loaded; the message names file, item and reason."""
+
+    def __init__(self, reason: str, ctx: ItemContext | None = None) -> None:
+        self.reason = reason.replace("\n", " ")
+        self.ctx = ctx
+        super().__init__(f"{ctx.describe()}: {self.reason}" if ctx else self.reason)
+
+    @property
+    def item_name(self) -> str:
+        return self.ctx.name if self.ctx else ""
+
+
+class ConditionSyntaxError(RuleLoadError):
+    """A condition (or an expanded macro) does not parse."""
+
+
+class UnknownFieldError(RuleLoadError):
+    """A condition names a field the field registry does not know."""
+
+    def __init__(self, field_name: str, ctx: ItemContext | None = None, detail: str = "") -> None:
+        self.field = field_name
+        why = f"unknown field '{field_name}'" + (f" ({detail})" if detail else "")
+        super().__init__(why, ctx)
+
+
+class UnsupportedOperatorError(RuleLoadError):
+    """An operator (or transformer) cannot be applied to that field."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadWarning:
+    message: str
+    ctx: ItemContext | None = None
+
+    def __str__(self) -> str:
+        return f"{self.ctx.describe()}: {self.message}" if self.ctx else self.message
+
+
+# --- model ------------------------------------------------------------------
+
+
+class Priority(IntEnum):
+    """Falco priorities, most severe first (lower value = more severe)."""
+
+    EMERGENCY = 0
+    ALERT = 1
+    CRITICAL = 2
+    ERROR = 3
+    WARNING = 4
+    NOTICE = 5
+    INFORMATIONAL = 6
+    DEBUG = 7
+
+    @property
+    def falco_name(self) -> str:
+        """The spelling Falco puts in alerts ("Warning", "Informational", ...)."""
+        return self.name.capitalize()
+
+    @classmethod
+    def parse(cls, text: str) -> Priority:
+        key = str(text).strip().upper()
+        if key == "INFO":
+            key = "INFORMATIONAL"
+        try:
+            return cls[key]
+        except KeyError:
+            raise ValueError(f"invalid priority '{text}'") from None
+
+
+@dataclass
+class ListInfo:
+    name: str
+    items: list[str]
+    ctx: ItemContext
+    index: int = 0
+
+
+@dataclass
+class MacroInfo:
+    name: str
+    condition: str
+    ctx: ItemContext
+    index: int = 0
+
+
+@dataclass
+class ExceptionInfo:
+    """One entry of a rule's ``exceptions``.
+
+    ``fields``/``comps`` are a string (single-field form) or a list of strings
+    (tuple form); ``values`` holds strings, or lists of strings/lists.
+    """
+
+    name: str
+    fields: str | list[str] | None
+    comps: str | list[str] | None
+    values: list[Any]
+    ctx: ItemContext
+
+
+@dataclass
+class RuleInfo:
+    name: str
+    condition: str
+    output: str
+    desc: str
+    priority: Priority
+    ctx: ItemContext
+    source: str = SYSCALL_SOURCE
+    tags: list[str] = field(default_factory=list)
+    enabled: bool = True
+    exceptions: list[ExceptionInfo] = field(default_factory=list)
+    warn_evttypes: bool = True
+    skip_if_unknown_filter: bool = False
+    index: int = 0
+
+
+@dataclass
+class LoadResult:
+    """Everything read from the rule files, overrides applied, in definition order."""
+
+    files: list[str] = field(default_factory=list)
+    lists: dict[str, ListInfo] = field(default_factory=dict)
+    macros: dict[str, MacroInfo] = field(default_factory=dict)
+    rules: dict[str, RuleInfo] = field(default_factory=dict)
+    warnings: list[LoadWarning] = field(default_factory=list)
+    required_engine_version: str | None = None
+    required_plugin_versions: list[dict[str, Any]] = field(default_factory=list)
+    _next_index: int = 0
+
+    def next_index(self) -> int:
+        self._next_index += 1
+        return self._next_index
+
+    def warn(self, message: str, ctx: ItemContext | None = None) -> None:
+        self.warnings.append(LoadWarning(message, ctx))
+
+
+# --- YAML -------------------------------------------------------------------
+
+
+class _StringLoader(yaml.SafeLoader):
+    """SafeLoader that only resolves null implicitly: every other plain scalar is a string."""
+
+
+_StringLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag == "tag:yaml.org,2002:null"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+_TRUE = {"true", "yes", "on", "y"}
+_FALSE = {"false", "no", "off", "n"}
+
+
+def _read_items(text: str, file: str) -> list[tuple[int, Any]]:
+    """The top-level sequence as (line, python value) pairs."""
+    loader = _StringLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return []
+        if not isinstance(root, yaml.SequenceNode):
+            raise RuleLoadError(
+                "rules content must be a YAML sequence of items",
+                ItemContext(file, root.start_mark.line + 1, "file"),
+            )
+        return [(n.start_mark.line + 1, loader.construct_object(n, deep=True)) for n in root.value]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e)
+        raise RuleLoadError(f"invalid YAML: {problem}", ItemContext(file, line, "file")) from None
+    finally:
+        loader.dispose()
+
+
+# --- value decoding ---------------------------------------------------------
+
+
+def _require(item: dict[str, Any], key: str, ctx: ItemContext) -> Any:
+    if key not in item or item[key] is None:
+        raise RuleLoadError(f"missing required key '{key}'", ctx)
+    return item[key]
+
+
+def _as_str(value: Any, key: str, ctx: ItemContext) -> str:
+    if isinstance(value, (dict, list)):
+        raise RuleLoadError(f"'{key}' must be a string", ctx)
+    return "" if value is None else str(value)
+
+
+def _as_bool(value: Any, key: str, ctx: ItemContext) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise RuleLoadError(f"'{key}' must be true or false, not '{value}'", ctx)
+
+
+def _as_str_list(value: Any, key: str, ctx: ItemContext) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RuleLoadError(f"'{key}' must be a sequence", ctx)
+    for v in value:
+        if isinstance(v, (dict, list)):
+            raise RuleLoadError(f"'{key}' entries must be strings", ctx)
+    return ["" if v is None else str(v) for v in value]
+
+
+def _priority(value: Any, ctx: ItemContext) -> Priority:
+    try:
+        return Priority.parse(_as_str(value, "priority", ctx))
+    except ValueError as e:
+        raise RuleLoadError(str(e), ctx) from None
+
+
+def _overrides(
+    item: dict[str, Any], appendable: Sequence[str], replaceable: Sequence[str], ctx: ItemContext
+) -> tuple[set[str], set[str]]:
+    raw = item.get("override")
+    if raw is None:
+        return set(), set()
+    if not isinstance(raw, dict):
+        raise RuleLoadError("'override' must be a mapping of key: append|replace", ctx)
+    append, replace = set(), set()
+    for key, how in raw.items():
+        how = str(how).strip().lower()
+        if how == "append" and key in appendable:
+            append.add(key)
+        elif how == "replace" and key in replaceable:
+            replace.add(key)
+        elif how not in ("append", "replace"):
+            raise RuleLoadError(f"override for '{key}' must be append or replace, not '{how}'", ctx)
+        else:
+            raise RuleLoadError(f"key '{key}' cannot be overridden with {how}", ctx)
+    return append, replace
+
+
+# --- exceptions ---------------------------------------------------------------
+
+
+def _read_exceptions(raw: Any, ctx: ItemContext, appending: bool) -> list[ExceptionInfo]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise RuleLoadError("'exceptions' must be a sequence", ctx)
+    out: list[ExceptionInfo] = []
+    for ex in raw:
+        if not isinstance(ex, dict):
+            raise RuleLoadError("each exception must be a mapping", ctx)
+        name = _as_str(_require(ex, "name", ctx), "name", ctx)
+        ectx = ItemContext(ctx.file, ctx.line, ctx.kind, f"{ctx.name}' exception '{name}")
+        if any(e.name == name for e in out):
+            raise RuleLoadError("exception names in the same rule must be unique", ectx)
+        fields = _str_or_list(ex.get("fields"), "fields", ectx)
+        comps = _str_or_list(ex.get("comps"), "comps", ectx)
+        if fields is None and not appending:
+            raise RuleLoadError("exception must have a 'fields' property", ectx)
+        values = ex.get("values")
+        if values is None:
+            values = []
+        if not isinstance(values, list):
+            raise RuleLoadError("exception 'values' must be a sequence", ectx)
+        out.append(ExceptionInfo(name, fields, comps, values, ectx))
+    return out
+
+
+def _str_or_list(value: Any, key: str, ctx: ItemContext) -> str | list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return _as_str_list(value, key, ctx)
+    return _as_str(value, key, ctx)
+
+
+def validate_exception(ex: ExceptionInfo) -> None:
+    """Falco's checks on an exception's shape; fills the default comparisons."""
+    from policies.falco.grammar import LIST_OPS, NUM_OPS, STR_OPS, UNARY_OPS
+
+    operators = set(NUM_OPS + STR_OPS + LIST_OPS + UNARY_OPS)
+    if isinstance(ex.fields, list):
+        if ex.comps is None:
+            ex.comps = ["="] * len(ex.fields)
+        if not isinstance(ex.comps, list) or len(ex.comps) != len(ex.fields):
+            raise RuleLoadError("fields and comps lists must have equal length", ex.ctx)
+        for comp in ex.comps:
+            if comp not in operators:
+                raise RuleLoadError(f"'{comp}' is not a supported comparison operator", ex.ctx)
+        for value in ex.values:
+            if not isinstance(value, list) or len(value) != len(ex.fields):
+                raise RuleLoadError("fields and values lists must have equal length", ex.ctx)
+    else:
+        if ex.comps is None:
+            ex.comps = "in"
+        if isinstance(ex.comps, list):
+            raise RuleLoadError("fields and comps must both be strings", ex.ctx)
+        if ex.comps not in LIST_OPS:
+            raise RuleLoadError(
+                "when fields is a single value, comps must be one of (in, pmatch, intersects)",
+                ex.ctx,
+            )
+        for value in ex.values:
+            if isinstance(value, (list, dict)):
+                raise RuleLoadError(
+                    "expected values array to contain a list of strings", ex.ctx
+                )
+
+
+# --- the collector ------------------------------------------------------------
+
+
+class _Reader:
+    """Applies the items of one file to a ``LoadResult``."""
+
+    def __init__(self, result: LoadResult, file: str) -> None:
+        self.res = result
+        self.file = file
+
+    def read(self, text: str) -> None:
+        for line, item in _read_items(text, self.file):
+            self.read_item(line, item)
+
+    def read_item(self, line: int, item: Any) -> None:
+        ctx = ItemContext(self.file, line, "item")
+        if not isinstance(item, dict):
+            raise RuleLoadError("each item must be a mapping (list, macro or rule)", ctx)
+        if "required_engine_version" in item:
+            self.res.required_engine_version = _as_str(
+                item["required_engine_version"], "required_engine_version", ctx
+            )
+        elif "required_plugin_versions" in item:
+            self._plugin_versions(item["required_plugin_versions"], ctx)
+        elif "list" in item:
+            self._list(item, line)
+        elif "macro" in item:
+            self._macro(item, line)
+        elif "rule" in item:
+            self._rule(item, line)
+        else:
+            self.res.warn(f"unknown top level item with keys {sorted(item)}", ctx)
+
+    def _ctx(self, kind: str, item: dict[str, Any], line: int) -> ItemContext:
+        name = _as_str(item.get(kind), kind, ItemContext(self.file, line, kind))
+        ctx = ItemContext(self.file, line, kind, name)
+        if not name:
+            raise RuleLoadError(f"{kind} name must not be empty", ctx)
+        unknown = sorted(set(item) - _KNOWN_KEYS[kind])
+        if unknown:
+            self.res.warn(f"unknown keys {unknown}", ctx)
+        return ctx
+
+    def _plugin_versions(self, raw: Any, ctx: ItemContext) -> None:
+        if not isinstance(raw, list):
+            raise RuleLoadError("required_plugin_versions must be a sequence", ctx)
+        for entry in raw:
+            if not isinstance(entry, dict) or "name" not in entry or "version" not in entry:
+                raise RuleLoadError("each required plugin needs a name and a version", ctx)
+            self.res.required_plugin_versions.append(entry)
+
+    def _legacy_append(self, item: dict[str, Any], ctx: ItemContext) -> bool:
+        append = _as_bool(item.get("append", False), "append", ctx)
+        if append:
+            self.res.warn("'append' is deprecated; use 'override'", ctx)
+            if "override" in item:
+                raise RuleLoadError("'append' and 'override' cannot be used together", ctx)
+        return append
+
+    # lists -------------------------------------------------------------
+
+    def _list(self, item: dict[str, Any], line: int) -> None:
+        ctx = self._ctx("list", item, line)
+        if not _LIST_NAME.fullmatch(ctx.name):
+            raise RuleLoadError("invalid list name", ctx)
+        items = _as_str_list(_require(item, "items", ctx), "items", ctx)
+        append = self._legacy_append(item, ctx)
+        ov_append, _ = _overrides(item, ("items",), ("items",), ctx)
+        if append or "items" in ov_append:
+            prev = self.res.lists.get(ctx.name)
+            if prev is None:
+                raise RuleLoadError("list appended to, but no earlier definition exists", ctx)
+            prev.items.extend(items)
+            return
+        self._define(self.res.lists, ListInfo(ctx.name, items, ctx))
+
+    # macros ------------------------------------------------------------
+
+    def _macro(self, item: dict[str, Any], line: int) -> None:
+        ctx = self._ctx("macro", item, line)
+        if not _MACRO_NAME.fullmatch(ctx.name):
+            raise RuleLoadError("invalid macro name: must be letters, digits and _", ctx)
+        cond = _as_str(_require(item, "condition", ctx), "condition", ctx)
+        append = self._legacy_append(item, ctx)
+        ov_append, _ = _overrides(item, ("condition",), ("condition",), ctx)
+        if append or "condition" in ov_append:
+            prev = self.res.macros.get(ctx.name)
+            if prev is None:
+                raise RuleLoadError("macro appended to, but no earlier definition exists", ctx)
+            prev.condition = f"{prev.condition} {cond}"
+            return
+        self._define(self.res.macros, MacroInfo(ctx.name, cond, ctx))
+
+    def _define(self, table: dict[str, Any], info: Any) -> None:
+        # A redefinition replaces the item but keeps its place in the order.
+        prev = table.get(info.name)
+        info.index = prev.index if prev is not None else self.res.next_index()
+        table[info.name] = info
+
+    # rules -------------------------------------------------------------
+
+    def _rule(self, item: dict[str, Any], line: int) -> None:
+        ctx = self._ctx("rule", item, line)
+        append = self._legacy_append(item, ctx)
+        ov_append, ov_replace = _overrides(item, _RULE_APPENDABLE, _RULE_REPLACEABLE, ctx)
+        if ov_append or ov_replace:
+            self._rule_override(item, ctx, ov_append, ov_replace)
+        elif append:
+            self._rule_legacy_append(item, ctx)
+        elif not any(k in item for k in ("condition", "output", "desc", "priority")):
+            self._rule_enable(item, ctx)
+        else:
+            self._rule_define(item, ctx)
+
+    def _previous_rule(self, ctx: ItemContext, how: str) -> RuleInfo:
+        prev = self.res.rules.get(ctx.name)
+        if prev is None:
+            raise RuleLoadError(f"rule {how}, but no earlier definition exists", ctx)
+        return prev
+
+    def _rule_define(self, item: dict[str, Any], ctx: ItemContext) -> None:
+        rule = RuleInfo(
+            name=ctx.name,
+            condition=_as_str(_require(item, "condition", ctx), "condition", ctx),
+            output=_as_str(_require(item, "output", ctx), "output", ctx).strip(),
+            desc=_as_str(_require(item, "desc", ctx), "desc", ctx),
+            priority=_priority(_require(item, "priority", ctx), ctx),
+            ctx=ctx,
+            source=_as_str(item.get("source") or SYSCALL_SOURCE, "source", ctx),
+            tags=_as_str_list(item.get("tags"), "tags", ctx),
+            enabled=_as_bool(item.get("enabled", True), "enabled", ctx),
+            exceptions=_read_exceptions(item.get("exceptions"), ctx, appending=False),
+            warn_evttypes=_as_bool(item.get("warn_evttypes", True), "warn_evttypes", ctx),
+            skip_if_unknown_filter=_as_bool(
+                item.get("skip-if-unknown-filter", False), "skip-if-unknown-filter", ctx
+            ),
+        )
+        prev = self.res.rules.get(ctx.name)
+        if prev is not None and prev.source != rule.source:
+            raise RuleLoadError("rule has been re-defined with a different source", ctx)
+        if rule.source != SYSCALL_SOURCE:
+            self.res.warn(f"unknown source {rule.source}, skipping", ctx)
+        for ex in rule.exceptions:
+            validate_exception(ex)
+        self._define(self.res.rules, rule)
+
+    def _rule_enable(self, item: dict[str, Any], ctx: ItemContext) -> None:
+        prev = self.res.rules.get(ctx.name)
+        if prev is None:
+            raise RuleLoadError(
+                "rule has only 'enabled' (or nothing) but no earlier rule has that name", ctx
+            )
+        prev.enabled = _as_bool(_require(item, "enabled", ctx), "enabled", ctx)
+        self.res.warn("toggling 'enabled' without 'override' is deprecated", ctx)
+
+    def _rule_legacy_append(self, item: dict[str, Any], ctx: ItemContext) -> None:
+        prev = self._previous_rule(ctx, "appended to")
+        if "condition" not in item and "exceptions" not in item:
+            raise RuleLoadError("appended rule must have exceptions or condition property", ctx)
+        if item.get("condition"):
+            prev.condition = f"{prev.condition} {_as_str(item['condition'], 'condition', ctx)}"
+        self._append_exceptions(prev, _read_exceptions(item.get("exceptions"), ctx, True))
+
+    def _append_exceptions(self, prev: RuleInfo, new: list[ExceptionInfo]) -> None:
+        for ex in new:
+            old = next((e for e in prev.exceptions if e.name == ex.name), None)
+            if old is None:
+                if ex.fields is None:
+                    raise RuleLoadError("exception must have a 'fields' property", ex.ctx)
+                if not ex.values:
+                    raise RuleLoadError("exception must have a 'values' property", ex.ctx)
+                validate_exception(ex)
+                prev.exceptions.append(ex)
+                continue
+            if ex.fields is not None or ex.comps is not None:
+                raise RuleLoadError(
+                    "can not append exception fields or comps to an existing exception, "
+                    "only values",
+                    ex.ctx,
+                )
+            old.values.extend(ex.values)
+            validate_exception(old)
+
+    def _rule_override(
+        self, item: dict[str, Any], ctx: ItemContext, append: set[str], replace: set[str]
+    ) -> None:
+        for key in append | replace:
+            if key not in item:
+                how = "append" if key in append else "replace"
+                raise RuleLoadError(
+                    f"an {how} override for '{key}' was specified but '{key}' is not defined", ctx
+                )
+        for key in set(_RULE_APPENDABLE) | set(_RULE_REPLACEABLE):
+            if key in item and key not in append and key not in replace:
+                raise RuleLoadError(
+                    f"unexpected key '{key}': no corresponding entry under 'override'", ctx
+                )
+        if append:
+            self._apply_append(self._previous_rule(ctx, "appended to"), item, append, ctx)
+        if replace:
+            self._apply_replace(self._previous_rule(ctx, "replaced"), item, replace, ctx)
+
+    def _apply_append(
+        self, prev: RuleInfo, item: dict[str, Any], keys: set[str], ctx: ItemContext
+    ) -> None:
+        for key, attr in (("condition", "condition"), ("output", "output"), ("desc", "desc")):
+            if key in keys:
+                extra = _as_str(item[key], key, ctx)
+                if extra:
+                    setattr(prev, attr, f"{getattr(prev, attr)} {extra}")
+        if "tags" in keys:
+            for tag in _as_str_list(item["tags"], "tags", ctx):
+                if tag not in prev.tags:
+                    prev.tags.append(tag)
+        if "exceptions" in keys:
+            self._append_exceptions(prev, _read_exceptions(item["exceptions"], ctx, True))
+
+    def _apply_replace(
+        self, prev: RuleInfo, item: dict[str, Any], keys: set[str], ctx: ItemContext
+    ) -> None:
+        if "condition" in keys:
+            prev.condition = _as_str(item["condition"], "condition", ctx)
+        if "output" in keys:
+            prev.output = _as_str(item["output"], "output", ctx).strip()
+        if "desc" in keys:
+            prev.desc = _as_str(item["desc"], "desc", ctx)
+        if "tags" in keys:
+            prev.tags = _as_str_list(item["tags"], "tags", ctx)
+        if "priority" in keys:
+            prev.priority = _priority(item["priority"], ctx)
+        if "enabled" in keys:
+            prev.enabled = _as_bool(item["enabled"], "enabled", ctx)
+        if "warn_evttypes" in keys:
+            prev.warn_evttypes = _as_bool(item["warn_evttypes"], "warn_evttypes", ctx)
+        if "skip-if-unknown-filter" in keys:
+            prev.skip_if_unknown_filter = _as_bool(
+                item["skip-if-unknown-filter"], "skip-if-unknown-filter", ctx
+            )
+        if "exceptions" in keys:
+            exceptions = _read_exceptions(item["exceptions"], ctx, appending=False)
+            for ex in exceptions:
+                validate_exception(ex)
+            prev.exceptions = exceptions
+
+
+# --- entry points -------------------------------------------------------------
+
+
+def load_texts(sources: Iterable[tuple[str, str]], into: LoadResult | None = None) -> LoadResult:
+    """Load (name, YAML text) pairs in order; later ones override earlier ones."""
+    result = into if into is not None else LoadResult()
+    for name, text in sources:
+        result.files.append(name)
+        _Reader(result, name).read(text)
+    return result
+
+
+def load_files(paths: Iterable[Path | str], into: LoadResult | None = None) -> LoadResult:
+    """Load Falco rule files in order (like repeated ``falco -r``)."""
+    sources: list[tuple[str, str]] = []
+    for p in paths:
+        path = Path(p)
+        try:
+            sources.append((str(path), path.read_text(encoding="utf-8")))
+        except OSError as e:
+            raise RuleLoadError(
+                f"cannot read file: {e.strerror or e}", ItemContext(str(path), None, "file")
+            ) from None
+        except UnicodeDecodeError:
+            raise RuleLoadError(
+                "file is not UTF-8 text", ItemContext(str(path), None, "file")
+            ) from None
+    return load_texts(sources, into)

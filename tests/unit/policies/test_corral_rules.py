@@ -84,3 +84,14 @@ def test_every_priority_has_a_response() -> None:
             tags=rule["tags"],
         )
         assert policy.decide(alert).action != "none", rule["rule"]
+
+
+def test_engine_compiles_the_file_strictly() -> None:
+    engine_mod = pytest.importorskip("policies.falco.engine")
+    fields_mod = pytest.importorskip("policies.falco.fields")
+    engine = engine_mod.RuleEngine.from_files([RULES], fields_mod.default_registry(), strict=True)
+    assert not engine.ruleset.warnings
+    assert not engine.ruleset.unbounded_rules()  # every rule is indexed by evt.type
+    assert {"open", "openat", "connect", "execve", "ptrace", "mount", "setns"} <= set(
+        engine.event_types()
+    )

@@ -667,7 +667,8 @@ def _lift(get: Getter, test: Callable[[Any], bool]) -> Predicate:
         if v is None:
             return False
         if v.__class__ in _SEQ:
-            for x in v:
+            # explicit loops here and below: measurably faster than any()/all() on hot paths
+            for x in v:  # noqa: SIM110
                 if x is not None and test(x):
                     return True
             return False
@@ -730,7 +731,7 @@ def _all(preds: tuple[Predicate, ...]) -> Predicate:
         return lambda ev: a(ev) and b(ev)
 
     def pred(ev: Any) -> bool:
-        for p in preds:
+        for p in preds:  # noqa: SIM110
             if not p(ev):
                 return False
         return True
@@ -744,7 +745,7 @@ def _any(preds: tuple[Predicate, ...]) -> Predicate:
         return lambda ev: a(ev) or b(ev)
 
     def pred(ev: Any) -> bool:
-        for p in preds:
+        for p in preds:  # noqa: SIM110
             if p(ev):
                 return True
         return False

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 RuleMatching = Literal["first", "all"]
 
 
-class RuleStatus(str, Enum):
+class RuleStatus(StrEnum):
     SUPPORTED = "supported"
     UNSUPPORTED = "unsupported"
     DISABLED = "disabled"
@@ -190,7 +190,8 @@ class _Builder:
         text = condition_with_exceptions(rule)
         entry = RuleEntry(rule, RuleStatus.SUPPORTED, text)
         if rule.source != SYSCALL_SOURCE:
-            entry.status, entry.reason = RuleStatus.UNSUPPORTED, f"unsupported source '{rule.source}'"
+            entry.status = RuleStatus.UNSUPPORTED
+            entry.reason = f"unsupported source '{rule.source}'"
             return entry
         try:
             entry.expansion = self.expander.expand(text, rule.ctx)
@@ -216,7 +217,7 @@ class _Builder:
             if rule.skip_if_unknown_filter:
                 self.load.warn(f"skipped (skip-if-unknown-filter): unknown field {names}", rule.ctx)
             elif self.strict:
-                raise UnknownFieldError(entry.missing_fields[0], rule.ctx, "not in the field registry")
+                raise UnknownFieldError(entry.missing_fields[0], rule.ctx, "not in the registry")
             return
         try:
             entry.predicate = compile_predicate(entry.expansion.node, self.registry, rule.ctx)
@@ -232,7 +233,7 @@ class _Builder:
         entry.output = OutputTemplate(rule.output, self.registry)
         if entry.output.unknown_fields:
             unknown = ", ".join(sorted(set(entry.output.unknown_fields)))
-            self.load.warn(f"output fields not in the field registry render <NA>: {unknown}", rule.ctx)
+            self.load.warn(f"output fields not in the registry render <NA>: {unknown}", rule.ctx)
         if entry.event_types.is_all and rule.warn_evttypes:
             self.load.warn(
                 "rule matches every event type (no evt.type restriction): slow", rule.ctx

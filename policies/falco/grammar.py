@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Union
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput
@@ -130,7 +129,7 @@ class FieldValue:
     field: FieldRef
 
 
-Rhs = Union[Value, ListValue, FieldValue]
+Rhs = Value | ListValue | FieldValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +165,7 @@ class Or:
     children: tuple[Node, ...]
 
 
-Node = Union[And, Or, Not, UnaryCheck, BinaryCheck, MacroRef]
+Node = And | Or | Not | UnaryCheck | BinaryCheck | MacroRef
 
 
 class ConditionParseError(ValueError):
@@ -310,7 +309,8 @@ def _parser() -> Lark:
 def _describe(err: UnexpectedInput, text: str) -> str:
     col = getattr(err, "column", None)
     if isinstance(err, UnexpectedCharacters):
-        near = text[err.pos_in_stream : err.pos_in_stream + 20]
+        start = err.pos_in_stream or 0
+        near = text[start : start + 20]
         return f"unexpected text {near!r} at column {col}"
     token = getattr(err, "token", None)
     if token is not None and getattr(token, "type", "") == "$END":

@@ -145,7 +145,8 @@ class ExtraFields:
         self.getters: list[tuple[str, Getter]] = []
         for name in names:
             try:
-                self.getters.append((name, make_getter(resolve_field(registry, FieldRef(name), None))))
+                resolved = resolve_field(registry, FieldRef(name), None)
+                self.getters.append((name, make_getter(resolved)))
             except RuleLoadError:
                 continue
 

@@ -15,7 +15,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from observability import plots
-from observability.records import Records, load_records
+from observability.records import OUTCOMES, Records, load_records
 
 __all__ = [
     "OutcomeReason",
@@ -309,6 +309,8 @@ code { font-size: 0.85rem; } .empty { padding: 2rem; background: #fff8e1; border
 
 
 def _cell(value: object) -> str:
+    if isinstance(value, datetime):
+        return f"<td>{value:%Y-%m-%d %H:%M}</td>"
     if isinstance(value, float):
         return f'<td class="num">{value:.4g}</td>'
     if isinstance(value, int) and not isinstance(value, bool):
@@ -353,18 +355,29 @@ def _latency_df(summary: ReportSummary) -> pl.DataFrame:
     return pl.DataFrame(rows).rename({"p50": "p50 (s)", "p90": "p90 (s)", "p99": "p99 (s)"})
 
 
+MAX_MINUTE_ROWS = 60
+
+
+def _by_outcome(df: pl.DataFrame, index: str) -> pl.DataFrame:
+    """Wide table: one row per `index`, a column per outcome (in OUTCOMES order), a total."""
+    wide = df.pivot("outcome", index=index, values="count").fill_null(0).sort(index)
+    outcomes = [o for o in OUTCOMES if o in wide.columns]
+    return wide.select(index, *outcomes).with_columns(pl.sum_horizontal(outcomes).alias("total"))
+
+
 def _sections(
     summary: ReportSummary, records: Records, drawn: dict[str, Path], alerts: pl.DataFrame
 ) -> list[tuple[str, str, str]]:
     e = records.episodes
-    per_minute = throughput(e).pivot("outcome", index="minute", values="count").fill_null(0)
+    # A long run has thousands of minutes; the plot shows them all, the table the last hour.
+    per_minute = _by_outcome(throughput(e), "minute").tail(MAX_MINUTE_ROWS)
     return [
         ("Throughput", _img(drawn.get("throughput"), "throughput"), _table(per_minute)),
         ("Latency by phase", _img(drawn.get("latency"), "latency"), _table(_latency_df(summary))),
         ("Outcomes by reason", _img(drawn.get("outcomes"), "outcomes"),
          _table(outcomes_by_reason(e))),
         ("Load per node", _img(drawn.get("nodes"), "nodes"),
-         _table(load_per_node(e).pivot("outcome", index="node", values="count").fill_null(0))),
+         _table(_by_outcome(load_per_node(e), "node"))),
         ("Alerts by rule and priority", _img(drawn.get("alerts"), "alerts"),
          _table(alerts_by_rule(alerts), "no alerts")),
         ("Images and commands with the most alerts", _img(drawn.get("offenders"), "offenders"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import START, Synthetic
+from obs_synthetic import START, Synthetic
 
 from observability.records import (
     ALERT_SCHEMA,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import START, Synthetic, make_synthetic, write_synthetic
+from obs_synthetic import START, Synthetic, make_synthetic, write_synthetic
 
 from observability.records import AlertRecord, RecordWriter, load_records
 from observability.report import ReportSummary, alerts_frame, build_report, throughput
@@ -17,9 +17,17 @@ from observability.report import ReportSummary, alerts_frame, build_report, thro
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ReportSummary]:
+    # One report for the read-only tests: plotting is the slow part.
+    base = tmp_path_factory.mktemp("report")
+    write_synthetic(base / "records", make_synthetic())
+    return base, build_report(base / "records", base / "report")
+
+
 @pytest.fixture
-def summary(records_dir: Path, tmp_path: Path) -> ReportSummary:
-    return build_report(records_dir, tmp_path / "report")
+def summary(built: tuple[Path, ReportSummary]) -> ReportSummary:
+    return built[1]
 
 
 def test_episode_counts_are_exact(summary: ReportSummary, synthetic: Synthetic) -> None:
@@ -69,8 +77,9 @@ def test_throughput_counts_per_minute(records_dir: Path, synthetic: Synthetic) -
     assert got == dict(expected)
 
 
-def test_plots_and_html_are_written(summary: ReportSummary, tmp_path: Path) -> None:
-    out = tmp_path / "report"
+def test_plots_and_html_are_written(built: tuple[Path, ReportSummary]) -> None:
+    base, summary = built
+    out = base / "report"
     expected = {"throughput", "latency", "outcomes", "nodes", "alerts", "offenders"}
     assert {Path(p).stem for p in summary.plots} == expected
     for name in summary.plots:

@@ -41,10 +41,12 @@ def attachment(slot: int = 7, egress: list[EgressRule] | None = None,
 def test_egress_rule_validation() -> None:
     assert EgressRule(cidr="198.19.255.1/32", port=80).protocol == "tcp"
     assert EgressRule(cidr="8.8.8.0/24", port=None, protocol="udp").cidr == "8.8.8.0/24"
-    assert EgressRule(cidr="10.0.0.1").cidr == "10.0.0.1/32"
-    for bad in ({"cidr": "10.0.0.1/24"}, {"cidr": "nonsense"}, {"cidr": "fd00::/64"},
+    assert EgressRule(cidr="10.0.0.1", port=None).cidr == "10.0.0.1/32"
+    for bad in ({"cidr": "10.0.0.1/24", "port": 1}, {"cidr": "nonsense", "port": 1},
+                {"cidr": "fd00::/64", "port": 1}, {"cidr": "10.0.0.0/8"},
                 {"cidr": "10.0.0.0/8", "port": 0}, {"cidr": "10.0.0.0/8", "port": 70000},
-                {"cidr": "10.0.0.0/8", "protocol": "icmp"}, {"cidr": "10.0.0.0/8", "x": 1}):
+                {"cidr": "10.0.0.0/8", "port": 1, "protocol": "icmp"},
+                {"cidr": "10.0.0.0/8", "port": 1, "x": 1}):
         with pytest.raises(ValidationError):
             EgressRule.model_validate(bad)
 
@@ -103,7 +105,7 @@ def test_base_table_guards() -> None:
 
 def test_sandbox_rules_render() -> None:
     att = attachment(egress=[EgressRule(cidr="198.19.255.1/32", port=7001),
-                             EgressRule(cidr="198.19.255.0/31", protocol="udp")])
+                             EgressRule(cidr="198.19.255.0/31", port=None, protocol="udp")])
     script = render_sandbox_rules(att)
     lines = script.splitlines()
     assert lines[:2] == ["add chain inet corral sb7", "flush chain inet corral sb7"]

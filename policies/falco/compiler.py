@@ -420,9 +420,16 @@ def _to_ip(value: Any) -> Any:
         return None
 
 
+def _norm_text(value: Any) -> str:
+    # Bytes (buffers) decode losslessly so that bcontains sees the original bytes.
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "surrogateescape")
+    return to_text(value)
+
+
 _NORMALIZE: dict[FieldType, Callable[[Any], Any]] = {
-    FieldType.STRING: to_text,
-    FieldType.LIST: to_text,
+    FieldType.STRING: _norm_text,
+    FieldType.LIST: _norm_text,
     FieldType.INT: _to_int,
     FieldType.PORT: _to_int,
     FieldType.RELTIME: _to_int,

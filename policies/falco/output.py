@@ -43,18 +43,29 @@ class _Field:
     width: int
 
 
+def _printable(text: str) -> str:
+    # Undecodable bytes were kept as surrogates for matching; print them as U+FFFD.
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def format_value(value: Any) -> str:
     """One value as Falco prints it in the output line."""
     if value is None:
         return NA
     if isinstance(value, (list, tuple)):
         return "(" + ",".join(format_value(v) for v in value) + ")"
-    return to_text(value)
+    return _printable(to_text(value))
 
 
 def json_value(value: Any) -> Any:
     """One value as it goes into ``output_fields`` (JSON-compatible)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return _printable(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]

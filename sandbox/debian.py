@@ -328,11 +328,17 @@ def _save(meta: Path, image: DebianImage) -> None:
     os.replace(tmp, meta)
 
 
-def _fresh_dir(path: Path) -> Path:
+@contextlib.contextmanager
+def _fresh_dir(path: Path) -> Iterator[Path]:
+    """An empty build dir that is removed again if the build fails (~200 MB each)."""
     if path.exists():
-        shutil.rmtree(path)  # a build interrupted before image.json was written
+        shutil.rmtree(path)  # a build killed before image.json was written
     path.mkdir(parents=True)
-    return path
+    try:
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _build_base(root: Path, suite: str, mirror: str) -> DebianImage:
@@ -342,36 +348,43 @@ def _build_base(root: Path, suite: str, mirror: str) -> DebianImage:
         cached = _load(out / "image.json")
         if cached:
             return cached
-        _fresh_dir(out)
-        _debootstrap(out / "rootfs", suite, mirror, include=())
-        layer = _layer_info(make_layer_from_dir(out / "rootfs", out / "layer.tar",
-                                            exclude_contents=EXCLUDED_CONTENTS), "base")
-        image = DebianImage(suite=suite, packages=[], key=key, rootfs=out / "rootfs",
-                            layers=[layer])
-        _save(out / "image.json", image)
+        with _fresh_dir(out):
+            _debootstrap(out / "rootfs", suite, mirror, include=())
+            layer = _layer_info(make_layer_from_dir(out / "rootfs", out / "layer.tar",
+                                                    exclude_contents=EXCLUDED_CONTENTS), "base")
+            image = DebianImage(suite=suite, packages=[], key=key, rootfs=out / "rootfs",
+                                layers=[layer])
+            _save(out / "image.json", image)
         return image
 
 
 def _build_layered(root: Path, base: DebianImage, packages: list[str], key: str) -> DebianImage:
-    out = _fresh_dir(root / f"img-{key}")
+    out = root / f"img-{key}"
     rootfs = out / "rootfs"
-    # --reflink=auto: a CoW copy where the filesystem can, a plain copy elsewhere.
-    _run("copy base rootfs", ["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], 600)
-    _apt_install(rootfs, packages)
-    changes = diff_trees(base.rootfs, rootfs)
-    layer = _layer_info(write_diff_layer(rootfs, changes, out / "layer.tar"), "packages")
-    return DebianImage(suite=base.suite, packages=packages, key=key, rootfs=rootfs,
-                       layers=[*base.layers, layer])
+    with _fresh_dir(out):
+        # --reflink=auto: a CoW copy where the filesystem can, a plain copy elsewhere.
+        _run("copy base rootfs", ["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)],
+             600)
+        _apt_install(rootfs, packages)
+        changes = diff_trees(base.rootfs, rootfs)
+        layer = _layer_info(write_diff_layer(rootfs, changes, out / "layer.tar"), "packages")
+        image = DebianImage(suite=base.suite, packages=packages, key=key, rootfs=rootfs,
+                            layers=[*base.layers, layer])
+        _save(out / "image.json", image)
+    return image
 
 
 def _build_flat(root: Path, suite: str, mirror: str, packages: list[str],
                 key: str) -> DebianImage:
-    out = _fresh_dir(root / f"img-{key}")
-    _debootstrap(out / "rootfs", suite, mirror, include=packages)
-    layer = _layer_info(make_layer_from_dir(out / "rootfs", out / "layer.tar",
-                                            exclude_contents=EXCLUDED_CONTENTS), "base")
-    return DebianImage(suite=suite, packages=packages, key=key, rootfs=out / "rootfs",
-                       layers=[layer])
+    out = root / f"img-{key}"
+    with _fresh_dir(out):
+        _debootstrap(out / "rootfs", suite, mirror, include=packages)
+        layer = _layer_info(make_layer_from_dir(out / "rootfs", out / "layer.tar",
+                                                exclude_contents=EXCLUDED_CONTENTS), "base")
+        image = DebianImage(suite=suite, packages=packages, key=key, rootfs=out / "rootfs",
+                            layers=[layer])
+        _save(out / "image.json", image)
+    return image
 
 
 def build_debian_image(cache_dir: Path, packages: list[str], suite: str = "bookworm", *,
@@ -391,11 +404,8 @@ def build_debian_image(cache_dir: Path, packages: list[str], suite: str = "bookw
         if cached:
             return cached
         if layered:
-            image = _build_layered(root, _build_base(root, suite, mirror), pkgs, key)
-        else:
-            image = _build_flat(root, suite, mirror, pkgs, key)
-        _save(root / f"img-{key}" / "image.json", image)
-        return image
+            return _build_layered(root, _build_base(root, suite, mirror), pkgs, key)
+        return _build_flat(root, suite, mirror, pkgs, key)
 
 
 def build_debian_rootfs(cache_dir: Path, packages: list[str], suite: str = "bookworm") -> Path:

@@ -23,6 +23,7 @@ from sandbox.debian import (
     make_layer_from_dir,
     write_debian_archive,
 )
+from sandbox.errors import ImageBuildError
 
 pytestmark = [
     pytest.mark.integration,
@@ -115,3 +116,10 @@ def test_oci_archive_unpacks_with_umoci(cache_dir: Path, tmp_path: Path) -> None
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "from the workspace"
     assert (rootfs / "etc" / "shadow").stat().st_gid == 42  # numeric owners survive
+
+
+def test_unknown_package_fails_cleanly(cache_dir: Path) -> None:
+    with pytest.raises(ImageBuildError, match="apt-get install corral-no-such-package failed"):
+        build_debian_image(cache_dir, ["corral-no-such-package"])
+    leftovers = [p for p in (cache_dir / "debian").glob("img-*") if not (p / "image.json").exists()]
+    assert leftovers == []

@@ -45,6 +45,22 @@ class ContainerdError(SandboxError):
     """containerd answered with an error that has no more specific type."""
 
 
+class SandboxStartFailed(SandboxError):
+    """The sandbox could not be created or started; everything made was rolled back."""
+
+
+class SandboxStateError(SandboxError):
+    """The sandbox (or a process in it) is in a state that refuses the request."""
+
+
+class ExecFailed(SandboxError):
+    """A command could not be started inside the sandbox (not: it exited non-zero)."""
+
+
+class ImageImportFailed(SandboxError):
+    """An image archive could not be read or imported."""
+
+
 class NetworkError(SandboxError):
     """Sandbox network plumbing (veth, addresses, nftables) failed; the message names the step."""
 

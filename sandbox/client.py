@@ -1,0 +1,433 @@
+"""``Containerd``: the async client the rest of Corral codes against.
+
+Sandbox lifecycle (create is idempotent by id, and rolls back on failure):
+lease -> snapshot prepared from the image's chain id -> container record ->
+task (rootfs mounts from the snapshot) -> start -> lease released (the
+container now holds the snapshot against garbage collection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2, empty_pb2
+
+from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
+from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
+from sandbox._gen.containerd.api.services.namespaces.v1 import namespace_pb2
+from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
+from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
+from sandbox._gen.containerd.api.types.task import task_pb2
+from sandbox._gen.containerd.runtime.v2.runc.options import oci_pb2
+from sandbox.connection import DEFAULT_SNAPSHOTTER, Connection
+from sandbox.errors import (
+    ContainerdUnavailable,
+    SandboxAlreadyExists,
+    SandboxError,
+    SandboxNotFound,
+    SandboxStartFailed,
+)
+from sandbox.events import DEFAULT_TOPICS, subscribe_events
+from sandbox.grpc_errors import is_not_found, map_grpc_error, one_line
+from sandbox.images import ImageStore
+from sandbox.models import SandboxEvent, SandboxInfo, SandboxSpec, validate_sandbox_id
+from sandbox.sandbox import KILL_WAIT_S, SIGKILL, STATUS_NAMES, Sandbox
+from sandbox.spec import build_oci_spec
+
+SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
+# Bare type url: Any.Pack would prefix "type.googleapis.com/", which containerd rejects.
+RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
+SHIM_GROUP_LABEL = "io.containerd.runc.v2.group"
+SANDBOX_LABEL = "corral.sandbox"
+IMAGE_LABEL = "corral.image"
+RUNTIME_LABEL = "corral.runtime"
+ALIVE = {task_pb2.RUNNING, task_pb2.PAUSED, task_pb2.PAUSING}
+
+Undo = Callable[[], Awaitable[Any]]
+
+
+class Containerd:
+    """Async client for one containerd namespace. Use ``await Containerd.connect(socket)``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.images = ImageStore(conn)
+        self._id_locks = KeyedLocks()
+
+    @classmethod
+    async def connect(cls, socket: str, namespace: str = "corral", *,
+                      snapshotter: str = DEFAULT_SNAPSHOTTER,
+                      timeout_s: float = 5.0) -> Containerd:
+        conn = Connection(socket, namespace, snapshotter)
+        try:
+            await conn.version.Version(empty_pb2.Empty(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            await conn.close()
+            raise ContainerdUnavailable(
+                f"containerd at {socket}: {one_line(err.details() or str(err.code()))}"
+            ) from err
+        try:
+            await _ensure_namespace(conn)
+        except grpc.aio.AioRpcError as err:
+            await conn.close()
+            raise map_grpc_error(err, f"namespace {namespace!r} at {socket}") from err
+        return cls(conn)
+
+    @property
+    def namespace(self) -> str:
+        return self._conn.namespace
+
+    @property
+    def socket(self) -> str:
+        return self._conn.socket
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    async def __aenter__(self) -> Containerd:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def version(self) -> str:
+        try:
+            resp = await self._conn.version.Version(empty_pb2.Empty())
+        except grpc.aio.AioRpcError as err:
+            raise map_grpc_error(err, f"containerd at {self.socket}") from err
+        return str(resp.version)
+
+    # -- create ----------------------------------------------------------------
+    async def create_sandbox(self, sandbox_id: str, spec: SandboxSpec,
+                             labels: dict[str, str] | None = None) -> Sandbox:
+        """Create and start a sandbox; return the existing one if it is already alive."""
+        validate_sandbox_id(sandbox_id)
+        # Two concurrent creates of one id in this process: the second waits and
+        # then finds the first one's sandbox alive.
+        async with self._id_locks.hold(sandbox_id):
+            existing = await self._alive_sandbox(sandbox_id)
+            if existing is not None:
+                return existing
+            image = await self.images.get(spec.image)
+            all_labels = {**spec.labels, **(labels or {}), SANDBOX_LABEL: "1",
+                          IMAGE_LABEL: image.name, RUNTIME_LABEL: spec.runtime}
+            if spec.shim_group:
+                all_labels[SHIM_GROUP_LABEL] = spec.shim_group
+            return await self._provision(sandbox_id, spec, image.name,
+                                         image.chain_id or "", all_labels)
+
+    async def _alive_sandbox(self, sandbox_id: str) -> Sandbox | None:
+        """The sandbox if its task is alive; a half-made one is cleaned up first."""
+        container = await self._get_container(sandbox_id)
+        if container is not None:
+            task = await self._get_task(sandbox_id)
+            if task is not None and task.status in ALIVE:
+                return self._sandbox_from(container)
+        await self.destroy_sandbox(sandbox_id)  # half-made, stopped, or a leftover snapshot
+        return None
+
+    async def _provision(self, sandbox_id: str, spec: SandboxSpec, image: str, chain_id: str,
+                         labels: dict[str, str]) -> Sandbox:
+        conn = self._conn
+        undo_stack: list[Undo] = []
+        step = "lease"
+        try:
+            lease = await conn.create_lease("sandbox")
+            undo_stack.append(lambda: conn.delete_lease(lease))
+            step = "snapshot"
+            mounts = await self._prepare_snapshot(sandbox_id, chain_id, image, lease)
+            undo_stack.append(lambda: self._remove_snapshot(sandbox_id))
+            step = "container"
+            oci_spec = build_oci_spec(sandbox_id, spec)
+            container = _container_record(sandbox_id, spec, image, labels, oci_spec,
+                                          conn.snapshotter)
+            await conn.containers.Create(
+                containers_pb2.CreateContainerRequest(container=container), metadata=conn.md(lease)
+            )
+            undo_stack.append(lambda: self._delete_container(sandbox_id))
+            step = "task"
+            await conn.tasks.Create(
+                tasks_pb2.CreateTaskRequest(container_id=sandbox_id, rootfs=mounts),
+                metadata=conn.md(),
+            )
+            undo_stack.append(lambda: self._kill_and_delete_task(sandbox_id))
+            step = "start"
+            await conn.tasks.Start(tasks_pb2.StartRequest(container_id=sandbox_id),
+                                   metadata=conn.md())
+        except (grpc.aio.AioRpcError, SandboxError) as err:
+            await _roll_back(undo_stack)
+            raise _start_error(sandbox_id, step, err) from err
+        except BaseException:
+            await asyncio.shield(_roll_back(undo_stack))
+            raise
+        await conn.delete_lease(lease)  # the container now references the snapshot
+        return Sandbox(self, conn, sandbox_id, image=image, labels=labels,
+                       process=oci_spec["process"])
+
+    async def _prepare_snapshot(self, sandbox_id: str, chain_id: str, image: str,
+                                lease: str) -> Sequence[Any]:
+        request = snapshots_pb2.PrepareSnapshotRequest(
+            snapshotter=self._conn.snapshotter, key=sandbox_id, parent=chain_id,
+            labels={SANDBOX_LABEL: sandbox_id},
+        )
+        try:
+            resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
+        except grpc.aio.AioRpcError as err:
+            if not is_not_found(err):
+                raise
+            # parent chain missing: the image was imported without unpacking
+            info = await self.images.get(image)
+            request.parent = await self.images.ensure_unpacked(info)
+            resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
+        return list(resp.mounts)
+
+    # -- get / list --------------------------------------------------------------
+    async def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        container = await self._get_container(sandbox_id)
+        if container is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist")
+        return self._sandbox_from(container)
+
+    async def list_sandboxes(self, label_filter: dict[str, str] | None = None) -> list[SandboxInfo]:
+        filters = {SANDBOX_LABEL: "1", **(label_filter or {})}
+        expr = ",".join(f"labels.{_quote_key(k)}=={_quote_value(v)}" for k, v in filters.items())
+        try:
+            containers = await self._conn.containers.List(
+                containers_pb2.ListContainersRequest(filters=[expr]), metadata=self._conn.md()
+            )
+            tasks = await self._conn.tasks.List(tasks_pb2.ListTasksRequest(),
+                                                metadata=self._conn.md())
+        except grpc.aio.AioRpcError as err:
+            raise map_grpc_error(err, "list sandboxes") from err
+        by_id = {task.id: task for task in tasks.tasks}
+        return [_sandbox_info(c, by_id.get(c.id)) for c in containers.containers]
+
+    def _sandbox_from(self, container: Any) -> Sandbox:
+        spec = json.loads(container.spec.value or b"{}")
+        return Sandbox(self, self._conn, container.id, image=container.image,
+                       labels=dict(container.labels), process=spec.get("process", {}))
+
+    # -- destroy -----------------------------------------------------------------
+    async def destroy_sandbox(self, sandbox_id: str) -> bool:
+        """Kill every process, delete task, container and snapshot. Idempotent."""
+        removed = await self._kill_and_delete_task(sandbox_id)
+        removed = await self._delete_container(sandbox_id) or removed
+        removed = await self._remove_snapshot(sandbox_id) or removed
+        return removed
+
+    async def _kill_and_delete_task(self, sandbox_id: str) -> bool:
+        task = await self._get_task(sandbox_id)
+        if task is None:
+            return False
+        tasks, md = self._conn.tasks, self._conn.md()
+        if task.status != task_pb2.STOPPED:
+            await self._kill_all(sandbox_id, task.status)
+        try:
+            await tasks.Delete(tasks_pb2.DeleteTaskRequest(container_id=sandbox_id), metadata=md)
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return False
+            raise map_grpc_error(err, f"delete task of sandbox {sandbox_id!r}") from err
+        return True
+
+    async def _kill_all(self, sandbox_id: str, status: int) -> None:
+        tasks, md = self._conn.tasks, self._conn.md()
+        wait = asyncio.ensure_future(
+            tasks.Wait(tasks_pb2.WaitRequest(container_id=sandbox_id), metadata=md)
+        )
+        try:
+            # PID 1 (sleep) ignores SIGTERM; SIGKILL to every process in the cgroup.
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await tasks.Kill(tasks_pb2.KillRequest(container_id=sandbox_id, signal=SIGKILL,
+                                                       all=True), metadata=md)
+            if status in (task_pb2.PAUSED, task_pb2.PAUSING):
+                # frozen processes only die once thawed
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await tasks.Resume(tasks_pb2.ResumeTaskRequest(container_id=sandbox_id),
+                                       metadata=md)
+            with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(wait), KILL_WAIT_S)
+        finally:
+            if not wait.done():
+                wait.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await wait
+
+    async def _delete_container(self, sandbox_id: str) -> bool:
+        try:
+            await self._conn.containers.Delete(
+                containers_pb2.DeleteContainerRequest(id=sandbox_id), metadata=self._conn.md()
+            )
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return False
+            raise map_grpc_error(err, f"delete container of sandbox {sandbox_id!r}") from err
+        return True
+
+    async def _remove_snapshot(self, sandbox_id: str) -> bool:
+        try:
+            await self._conn.snapshots.Remove(
+                snapshots_pb2.RemoveSnapshotRequest(snapshotter=self._conn.snapshotter,
+                                                    key=sandbox_id),
+                metadata=self._conn.md(),
+            )
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return False
+            raise map_grpc_error(err, f"remove snapshot of sandbox {sandbox_id!r}") from err
+        return True
+
+    # -- lookups -------------------------------------------------------------
+    async def _get_container(self, sandbox_id: str) -> Any | None:
+        try:
+            resp = await self._conn.containers.Get(
+                containers_pb2.GetContainerRequest(id=sandbox_id), metadata=self._conn.md()
+            )
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return None
+            raise map_grpc_error(err, f"sandbox {sandbox_id!r}") from err
+        return resp.container
+
+    async def _get_task(self, sandbox_id: str) -> Any | None:
+        try:
+            resp = await self._conn.tasks.Get(
+                tasks_pb2.GetRequest(container_id=sandbox_id), metadata=self._conn.md()
+            )
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return None
+            raise map_grpc_error(err, f"task of sandbox {sandbox_id!r}") from err
+        return resp.process
+
+    # -- inventory helpers (tests assert nothing leaked with these) ------------
+    async def container_ids(self) -> list[str]:
+        resp = await self._conn.containers.List(containers_pb2.ListContainersRequest(),
+                                                metadata=self._conn.md())
+        return sorted(c.id for c in resp.containers)
+
+    async def task_ids(self) -> list[str]:
+        resp = await self._conn.tasks.List(tasks_pb2.ListTasksRequest(), metadata=self._conn.md())
+        return sorted(t.id for t in resp.tasks)
+
+    async def snapshot_keys(self, *, active_only: bool = False) -> list[str]:
+        """Snapshot keys; ``active_only`` leaves out committed image layers."""
+        call = self._conn.snapshots.List(
+            snapshots_pb2.ListSnapshotsRequest(snapshotter=self._conn.snapshotter),
+            metadata=self._conn.md(),
+        )
+        keys = []
+        async for resp in call:
+            for info in resp.info:
+                if not active_only or info.kind != snapshots_pb2.COMMITTED:
+                    keys.append(info.name)
+        return sorted(keys)
+
+    async def lease_ids(self) -> list[str]:
+        resp = await self._conn.leases.List(leases_pb2.ListRequest(), metadata=self._conn.md())
+        return sorted(lease.id for lease in resp.leases)
+
+    # -- events --------------------------------------------------------------
+    def events(self, topics: Sequence[str] = DEFAULT_TOPICS) -> AsyncIterator[SandboxEvent]:
+        """Task events of this namespace; re-subscribes when containerd restarts."""
+        return subscribe_events(self._conn, topics)
+
+
+class KeyedLocks:
+    """One asyncio.Lock per key, forgotten when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+async def _ensure_namespace(conn: Connection) -> None:
+    try:
+        await conn.namespaces.Create(
+            namespace_pb2.CreateNamespaceRequest(
+                namespace=namespace_pb2.Namespace(name=conn.namespace)
+            ),
+            metadata=conn.md(),  # containerd publishes the create event in that namespace
+        )
+    except grpc.aio.AioRpcError as err:
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise
+
+
+def _container_record(sandbox_id: str, spec: SandboxSpec, image: str, labels: dict[str, str],
+                      oci_spec: dict[str, Any], snapshotter: str) -> Any:
+    runtime = containers_pb2.Container.Runtime(name="io.containerd.runc.v2")
+    if spec.runtime in ("runc", "crun"):
+        options = oci_pb2.Options(binary_name=spec.runtime)
+        runtime.options.CopyFrom(
+            any_pb2.Any(type_url=RUNC_OPTIONS_TYPE_URL, value=options.SerializeToString())
+        )
+    else:
+        runtime.name = f"io.containerd.{spec.runtime}.v1"
+    return containers_pb2.Container(
+        id=sandbox_id,
+        labels=labels,
+        image=image,
+        runtime=runtime,
+        spec=any_pb2.Any(type_url=SPEC_TYPE_URL, value=json.dumps(oci_spec).encode()),
+        snapshotter=snapshotter,
+        snapshot_key=sandbox_id,
+    )
+
+
+async def _roll_back(undo: list[Undo]) -> None:
+    for action in reversed(undo):
+        with contextlib.suppress(grpc.aio.AioRpcError, SandboxError, OSError):
+            await action()
+
+
+def _start_error(sandbox_id: str, step: str, err: BaseException) -> SandboxError:
+    if isinstance(err, grpc.aio.AioRpcError):
+        mapped = map_grpc_error(err, f"create sandbox {sandbox_id!r} ({step})")
+    else:
+        assert isinstance(err, SandboxError)
+        mapped = err
+    if isinstance(mapped, ContainerdUnavailable | SandboxAlreadyExists):
+        return mapped
+    return SandboxStartFailed(one_line(str(mapped)))
+
+
+def _sandbox_info(container: Any, task: Any | None) -> SandboxInfo:
+    created = container.created_at.ToDatetime() if container.HasField("created_at") else None
+    return SandboxInfo(
+        id=container.id,
+        image=container.image,
+        labels=dict(container.labels),
+        status=STATUS_NAMES.get(task.status, "unknown") if task is not None else "stopped",
+        pid=task.pid if task is not None and task.pid else None,
+        created_at=created,
+    )
+
+
+def _quote_key(key: str) -> str:
+    # containerd filter field paths accept [A-Za-z0-9_.] unquoted; quote anything else
+    if all(ch.isalnum() or ch in "_." for ch in key):
+        return key
+    return json.dumps(key)
+
+
+def _quote_value(value: str) -> str:
+    return json.dumps(value)

@@ -1,0 +1,159 @@
+"""Pydantic models of the sandbox layer's public API (inputs and results)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Runtimes we know how to drive, and the binary each one needs on PATH.
+RUNTIME_BINARIES: dict[str, tuple[str, ...]] = {
+    "runc": ("runc", "containerd-shim-runc-v2"),
+    "crun": ("crun", "containerd-shim-runc-v2"),
+    "runsc": ("runsc", "containerd-shim-runsc-v1"),
+}
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_USER = re.compile(r"^\d+(:\d+)?$")
+_SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,75}$")
+
+
+def validate_sandbox_id(sandbox_id: str) -> str:
+    """containerd ids: letters, digits, ``_.-``; we also keep them short for runc's paths."""
+    if not _SANDBOX_ID.match(sandbox_id):
+        from sandbox.errors import InvalidSpec
+
+        raise InvalidSpec(
+            f"sandbox_id {sandbox_id!r}: use 1-76 of [A-Za-z0-9_.-], starting alphanumeric"
+        )
+    return sandbox_id
+
+
+def parse_user(user: str, field: str = "user") -> tuple[int, int]:
+    """``"uid"`` or ``"uid:gid"`` (numeric only: no /etc/passwd lookup in the host)."""
+    if not _USER.match(user):
+        raise ValueError(f"{field} {user!r} must be 'uid' or 'uid:gid' with numbers")
+    uid, _, gid = user.partition(":")
+    return int(uid), int(gid or uid)
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox looks like; every limit has a safe default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(min_length=1)
+    cpu_cores: float = Field(default=1.0, gt=0, le=256)
+    cpu_shares: int | None = Field(default=None, ge=2, le=262144)
+    memory_mb: int = Field(default=512, ge=16)
+    swap_mb: int = Field(default=0, ge=0)
+    pids_limit: int = Field(default=256, ge=8)
+    nofile: int = Field(default=1024, ge=16, le=1_048_576)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/workspace"
+    user: str = "0:0"
+    read_only_root: bool = False
+    tmpfs_mb: int = Field(default=64, ge=1)
+    network: Literal["none"] = "none"
+    runtime: str = "runc"
+    shim_group: str | None = None
+    command: list[str] = Field(default_factory=lambda: ["sleep", "2147483647"], min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"env key {key!r} is not a valid variable name")
+        return env
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute_workdir(cls, workdir: str) -> str:
+        if not workdir.startswith("/"):
+            raise ValueError(f"workdir {workdir!r} must be an absolute path")
+        return workdir
+
+    @field_validator("user")
+    @classmethod
+    def _numeric_user(cls, user: str) -> str:
+        parse_user(user)
+        return user
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime_available(cls, runtime: str) -> str:
+        binaries = RUNTIME_BINARIES.get(runtime)
+        if binaries is None:
+            raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIME_BINARIES)}")
+        missing = [b for b in binaries if shutil.which(b) is None]
+        if missing:
+            raise ValueError(f"runtime {runtime!r} needs {', '.join(missing)} on PATH")
+        return runtime
+
+    @model_validator(mode="after")
+    def _tmpfs_below_memory(self) -> SandboxSpec:
+        # tmpfs pages are charged to the sandbox's memory cgroup: a full /tmp
+        # plus a full /dev/shm must leave room for the processes themselves.
+        if 2 * self.tmpfs_mb >= self.memory_mb:
+            raise ValueError(
+                f"tmpfs_mb {self.tmpfs_mb} is too large for memory_mb {self.memory_mb}: "
+                "/tmp and /dev/shm together must stay below memory_mb"
+            )
+        return self
+
+
+class ExecResult(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class ImageInfo(BaseModel):
+    name: str
+    digest: str
+    media_type: str
+    size: int = 0
+    chain_id: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+SandboxStatus = Literal["created", "running", "paused", "pausing", "stopped", "unknown"]
+
+
+class SandboxInfo(BaseModel):
+    id: str
+    image: str
+    labels: dict[str, str]
+    status: SandboxStatus
+    pid: int | None
+    created_at: datetime | None
+
+
+class SandboxMetrics(BaseModel):
+    cpu_usage_ns: int
+    memory_bytes: int
+    memory_limit_bytes: int
+    pids: int
+    oom_kills: int
+
+
+class SandboxEvent(BaseModel):
+    topic: str
+    sandbox_id: str
+    namespace: str
+    timestamp: datetime | None = None
+    exec_id: str | None = None
+    pid: int | None = None
+    exit_status: int | None = None

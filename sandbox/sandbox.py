@@ -1,0 +1,337 @@
+"""One live sandbox: exec, files, pause/resume, status, metrics, destroy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import any_pb2
+
+from sandbox._gen.cgroups.stats.v1 import metrics_pb2 as cgroup_metrics_pb2
+from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
+from sandbox._gen.containerd.api.types.task import task_pb2
+from sandbox.connection import Connection
+from sandbox.errors import SandboxError, SandboxPaused
+from sandbox.exec_io import ExecPipes, OutputCallback, OutputCollector, kill_process_tree
+from sandbox.grpc_errors import is_not_found, map_grpc_error
+from sandbox.models import ExecResult, SandboxMetrics, SandboxStatus, parse_user
+from sandbox.spec import EXEC_OOM_SCORE_ADJ, exec_process
+
+if TYPE_CHECKING:
+    from sandbox.client import Containerd
+
+PROCESS_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Process"
+DEFAULT_OUTPUT_LIMIT = 1_048_576
+DEFAULT_READ_LIMIT = 64 * 1024 * 1024
+DRAIN_GRACE_S = 2.0  # how long to wait for output EOF after the process exited
+KILL_WAIT_S = 10.0
+SIGKILL = 9
+
+STATUS_NAMES: dict[int, SandboxStatus] = {
+    task_pb2.CREATED: "created",
+    task_pb2.RUNNING: "running",
+    task_pb2.STOPPED: "stopped",
+    task_pb2.PAUSED: "paused",
+    task_pb2.PAUSING: "pausing",
+}
+
+
+@dataclass
+class RawExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    timed_out: bool
+    truncated: bool
+
+    def decoded(self) -> ExecResult:
+        return ExecResult(
+            exit_code=self.exit_code,
+            stdout=self.stdout.decode("utf-8", errors="replace"),
+            stderr=self.stderr.decode("utf-8", errors="replace"),
+            duration_s=self.duration_s,
+            timed_out=self.timed_out,
+            truncated=self.truncated,
+        )
+
+
+class Sandbox:
+    """Handle on a sandbox that exists in containerd; cheap to make, holds no resources."""
+
+    def __init__(self, client: Containerd, conn: Connection, sandbox_id: str, *,
+                 image: str, labels: dict[str, str], process: dict[str, Any]) -> None:
+        self._client = client
+        self._conn = conn
+        self.id = sandbox_id
+        self.image = image
+        self.labels = labels
+        self._process = process  # PID 1's OCI process: the template of every exec
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, image={self.image!r})"
+
+    # -- exec ------------------------------------------------------------------
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+        output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
+        on_output: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (a str runs via /bin/sh -c) and wait for it; never raises on exit code."""
+        args = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        raw = await self.exec_raw(
+            args, env=env, workdir=workdir, user=user, stdin=stdin, timeout_s=timeout_s,
+            output_limit_bytes=output_limit_bytes, on_output=on_output,
+        )
+        return raw.decoded()
+
+    async def exec_raw(
+        self,
+        args: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+        output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
+        on_output: OutputCallback | None = None,
+    ) -> RawExecResult:
+        """Like exec, with bytes output (for files and tars)."""
+        _check_exec_args(args, user, timeout_s, output_limit_bytes)
+        process = exec_process(self._process, args, env=env, workdir=workdir, user=user)
+        exec_id = f"exec-{uuid.uuid4().hex[:16]}"
+        started = time.monotonic()
+        collector = OutputCollector(output_limit_bytes, on_output)
+        pipes = ExecPipes(exec_id, stdin is not None, collector)
+        try:
+            await self._create_exec(exec_id, process, pipes)
+            try:
+                exit_code, timed_out = await self._start_and_wait(exec_id, pipes, stdin, timeout_s)
+                await pipes.drain(DRAIN_GRACE_S)
+            finally:
+                await self._delete_exec(exec_id)
+        finally:
+            await pipes.close()
+        return RawExecResult(
+            exit_code=exit_code,
+            stdout=collector.text("stdout"),
+            stderr=collector.text("stderr"),
+            duration_s=time.monotonic() - started,
+            timed_out=timed_out,
+            truncated=collector.truncated,
+        )
+
+    async def _create_exec(self, exec_id: str, process: dict[str, Any], pipes: ExecPipes) -> None:
+        request = tasks_pb2.ExecProcessRequest(
+            container_id=self.id,
+            exec_id=exec_id,
+            stdin=pipes.stdin_path,
+            stdout=str(pipes.stdout.path),
+            stderr=str(pipes.stderr.path),
+            terminal=False,
+            spec=any_pb2.Any(type_url=PROCESS_TYPE_URL, value=json.dumps(process).encode()),
+        )
+        try:
+            await self._conn.tasks.Exec(request, metadata=self._conn.md())
+        except grpc.aio.AioRpcError as err:
+            raise await self._exec_error(err) from err
+
+    async def _exec_error(self, err: grpc.aio.AioRpcError) -> SandboxError:
+        mapped = map_grpc_error(err, f"exec in sandbox {self.id!r}")
+        if not isinstance(mapped, SandboxPaused) and await self._is_paused():
+            return SandboxPaused(f"exec in sandbox {self.id!r}: sandbox is paused; resume it first")
+        return mapped
+
+    async def _start_and_wait(self, exec_id: str, pipes: ExecPipes, stdin: bytes | None,
+                              timeout_s: float | None) -> tuple[int, bool]:
+        tasks, md = self._conn.tasks, self._conn.md()
+        # Wait before Start, or a fast process's exit could be missed.
+        wait = asyncio.ensure_future(
+            tasks.Wait(tasks_pb2.WaitRequest(container_id=self.id, exec_id=exec_id), metadata=md)
+        )
+        try:
+            try:
+                started = await tasks.Start(
+                    tasks_pb2.StartRequest(container_id=self.id, exec_id=exec_id), metadata=md
+                )
+            except grpc.aio.AioRpcError as err:
+                raise await self._exec_error(err) from err
+            _raise_oom_score(started.pid)
+            pipes.feed_stdin(stdin or b"", lambda: self._close_stdin(exec_id))
+            try:
+                done = await asyncio.wait_for(asyncio.shield(wait), timeout_s)
+                return done.exit_status, False
+            except TimeoutError:
+                await self._kill_exec(exec_id, started.pid)
+                with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+                    done = await asyncio.wait_for(asyncio.shield(wait), KILL_WAIT_S)
+                    return (done.exit_status or 128 + SIGKILL), True
+                return 128 + SIGKILL, True
+        finally:
+            if not wait.done():
+                wait.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await wait
+
+    async def _close_stdin(self, exec_id: str) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self._conn.tasks.CloseIO(
+                tasks_pb2.CloseIORequest(container_id=self.id, exec_id=exec_id, stdin=True),
+                metadata=self._conn.md(),
+            )
+
+    async def _kill_exec(self, exec_id: str, pid: int) -> None:
+        # The exec's children are not in a process group of their own (runc
+        # does not setsid without a terminal): kill the whole host-side tree,
+        # then let containerd signal the exec itself too.
+        kill_process_tree(pid)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self._conn.tasks.Kill(
+                tasks_pb2.KillRequest(container_id=self.id, exec_id=exec_id, signal=SIGKILL),
+                metadata=self._conn.md(),
+            )
+
+    async def _delete_exec(self, exec_id: str) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self._conn.tasks.DeleteProcess(
+                tasks_pb2.DeleteProcessRequest(container_id=self.id, exec_id=exec_id),
+                metadata=self._conn.md(),
+            )
+
+    # -- files -----------------------------------------------------------------
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
+        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path, f"{mode:o}"],
+                                     stdin=data)
+        if result.exit_code != 0:
+            raise SandboxError(f"write {path!r} in sandbox {self.id!r}: {_first_line(result)}")
+
+    async def read_file(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
+        script = 'test -f "$1" || { echo "no such file" >&2; exit 2; }; cat -- "$1"'
+        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path],
+                                     output_limit_bytes=max_bytes)
+        if result.exit_code != 0:
+            raise SandboxError(f"read {path!r} in sandbox {self.id!r}: {_first_line(result)}")
+        if result.truncated:
+            raise SandboxError(f"read {path!r} in sandbox {self.id!r}: larger than {max_bytes} B")
+        return result.stdout
+
+    async def put_tar(self, dest_dir: str, tar_bytes: bytes) -> None:
+        result = await self.exec_raw(
+            ["/bin/sh", "-c", 'mkdir -p "$1" && tar -x -C "$1" -f -', "sh", dest_dir],
+            stdin=tar_bytes,
+        )
+        if result.exit_code != 0:
+            raise SandboxError(f"untar into {dest_dir!r} in sandbox {self.id!r}: "
+                               f"{_first_line(result)}")
+
+    async def get_tar(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
+        script = 'cd "$(dirname "$1")" && tar -c -f - "$(basename "$1")"'
+        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path],
+                                     output_limit_bytes=max_bytes)
+        if result.exit_code != 0:
+            raise SandboxError(f"tar {path!r} in sandbox {self.id!r}: {_first_line(result)}")
+        if result.truncated:
+            raise SandboxError(f"tar {path!r} in sandbox {self.id!r}: larger than {max_bytes} B")
+        return result.stdout
+
+    # -- state -----------------------------------------------------------------
+    async def pause(self) -> None:
+        await self._task_call("pause", self._conn.tasks.Pause,
+                              tasks_pb2.PauseTaskRequest(container_id=self.id))
+
+    async def resume(self) -> None:
+        await self._task_call("resume", self._conn.tasks.Resume,
+                              tasks_pb2.ResumeTaskRequest(container_id=self.id))
+
+    async def status(self) -> str:
+        """"running", "paused", "stopped" (also when the task is gone), "created", "pausing"."""
+        try:
+            resp = await self._conn.tasks.Get(
+                tasks_pb2.GetRequest(container_id=self.id), metadata=self._conn.md()
+            )
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return "stopped"
+            raise map_grpc_error(err, f"status of sandbox {self.id!r}") from err
+        return STATUS_NAMES.get(resp.process.status, "unknown")
+
+    async def _is_paused(self) -> bool:
+        try:
+            return await self.status() in ("paused", "pausing")
+        except SandboxError:
+            return False
+
+    async def metrics(self) -> SandboxMetrics:
+        request = tasks_pb2.MetricsRequest(filters=[f"id=={self.id}"])
+        resp = await self._task_call("metrics", self._conn.tasks.Metrics, request)
+        if not resp.metrics:
+            raise SandboxError(f"metrics of sandbox {self.id!r}: containerd returned none")
+        stats = cgroup_metrics_pb2.Metrics()
+        stats.ParseFromString(resp.metrics[0].data.value)
+        return SandboxMetrics(
+            cpu_usage_ns=stats.cpu.usage.total,
+            memory_bytes=stats.memory.usage.usage,
+            memory_limit_bytes=stats.memory.usage.limit,
+            pids=stats.pids.current,
+            oom_kills=stats.memory_oom_control.oom_kill,
+        )
+
+    async def destroy(self) -> bool:
+        return await self._client.destroy_sandbox(self.id)
+
+    async def _task_call(self, action: str, rpc: Any, request: Any) -> Any:
+        try:
+            return await rpc(request, metadata=self._conn.md())
+        except grpc.aio.AioRpcError as err:
+            raise map_grpc_error(err, f"{action} sandbox {self.id!r}") from err
+
+
+def _check_exec_args(args: list[str], user: str | None, timeout_s: float | None,
+                     output_limit_bytes: int) -> None:
+    from sandbox.errors import InvalidSpec
+
+    if not args or not all(isinstance(arg, str) for arg in args):
+        raise InvalidSpec(f"exec cmd must be a non-empty list of strings, got {args!r}")
+    if timeout_s is not None and timeout_s <= 0:
+        raise InvalidSpec(f"exec timeout_s must be positive, got {timeout_s}")
+    if output_limit_bytes < 0:
+        raise InvalidSpec(f"exec output_limit_bytes must be >= 0, got {output_limit_bytes}")
+    if user is not None:
+        try:
+            parse_user(user)
+        except ValueError as exc:
+            raise InvalidSpec(f"exec {exc}") from exc
+
+
+def _raise_oom_score(pid: int) -> None:
+    """Make an exec (and what it forks) the OOM killer's first choice, before PID 1.
+
+    runc 1.1 ignores oomScoreAdj in an exec's process spec (execs inherit PID
+    1's value), and lowering a score needs CAP_SYS_RESOURCE, which this host
+    lacks; raising it from the host right after Start is allowed and cheap.
+    """
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(EXEC_OOM_SCORE_ADJ))
+
+
+def _first_line(result: RawExecResult) -> str:
+    text = (result.stderr or result.stdout).decode("utf-8", errors="replace").strip()
+    line = text.splitlines()[0] if text else ""
+    return f"exit {result.exit_code}" + (f": {line}" if line else "")
+

@@ -1,0 +1,221 @@
+"""OCI runtime spec builder: a pure function from SandboxSpec to the spec JSON.
+
+The sandbox is a fresh set of namespaces (pid, ipc, uts, mount, network with
+loopback only), no new privileges, Docker's default capabilities minus
+NET_RAW and MKNOD, the masked and read-only /proc and /sys paths runc users
+know from Docker, cgroup limits (memory+swap, pids, cpu quota and shares),
+RLIMIT_NOFILE, size-capped tmpfs for /tmp and /dev/shm, and the seccomp
+profile of ``sandbox.seccomp``.
+
+cgroupsPath is ``/corral/<sandbox_id>``: with cgroupfs (v1 here) the leaf
+directory is the container id, which the sensor maps cgroup ids back with.
+
+User namespaces are not offered. Tried with runc 1.1.5 on this hybrid v1
+host: runc needs uid/gid mappings and a rootfs owned by the mapped root, i.e.
+either a chowned copy of every image snapshot per mapping (slow, doubles disk)
+or idmapped mounts, which runc only gained in 1.2 (and overlayfs idmapped
+mounts need kernel and runc support we do not have). Until then the uid 0 in
+the sandbox is uid 0 on the host, restricted by the capability set, seccomp
+and no_new_privs above.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandbox.models import SandboxSpec, parse_user
+from sandbox.seccomp import seccomp_profile
+
+OCI_VERSION = "1.0.2-dev"
+CPU_PERIOD_US = 100_000
+MIB = 1024 * 1024
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CGROUP_PARENT = "/corral"
+
+# PID 1 keeps the sandbox alive; under memory pressure inside the sandbox the
+# kernel should pick the agent's processes first. Exec processes get
+# EXEC_OOM_SCORE_ADJ (set in their process spec), PID 1 a lower score.
+INIT_OOM_SCORE_ADJ = 100
+EXEC_OOM_SCORE_ADJ = 500
+
+# Docker's default set minus NET_RAW (raw sockets: spoofing, sniffing) and
+# MKNOD (no device nodes are needed; the devices cgroup denies them anyway).
+CAPABILITIES = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+]
+
+MASKED_PATHS = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/kpagecgroup",
+    "/proc/kpagecount",
+    "/proc/kpageflags",
+    "/proc/sysrq-trigger",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+]
+
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
+
+# Character devices a process may use (runc creates the nodes itself).
+ALLOWED_DEVICES = [
+    (1, 3),  # null
+    (1, 5),  # zero
+    (1, 7),  # full
+    (1, 8),  # random
+    (1, 9),  # urandom
+    (5, 0),  # tty
+    (5, 2),  # ptmx
+    (136, None),  # pts/*
+]
+
+
+def cgroups_path(sandbox_id: str) -> str:
+    return f"{CGROUP_PARENT}/{sandbox_id}"
+
+
+def build_oci_spec(sandbox_id: str, spec: SandboxSpec) -> dict[str, Any]:
+    """The full runtime spec (JSON-able dict) for one sandbox."""
+    return {
+        "ociVersion": OCI_VERSION,
+        "process": build_process(
+            spec.command, spec, env=None, workdir=None, user=None, oom_adj=INIT_OOM_SCORE_ADJ
+        ),
+        "root": {"path": "rootfs", "readonly": spec.read_only_root},
+        "hostname": sandbox_id[:63],
+        "mounts": _mounts(spec),
+        "linux": _linux(sandbox_id, spec),
+    }
+
+
+def build_process(
+    args: list[str],
+    spec: SandboxSpec,
+    *,
+    env: dict[str, str] | None,
+    workdir: str | None,
+    user: str | None,
+    oom_adj: int = EXEC_OOM_SCORE_ADJ,
+) -> dict[str, Any]:
+    """An OCI ``process`` object: PID 1's, or an exec's (with overrides)."""
+    uid, gid = parse_user(user or spec.user)
+    merged_env = {"PATH": DEFAULT_PATH, "HOME": "/root" if uid == 0 else "/tmp"}
+    merged_env.update(spec.env)
+    merged_env.update(env or {})
+    return {
+        "terminal": False,
+        "user": {"uid": uid, "gid": gid},
+        "args": list(args),
+        "env": [f"{key}={value}" for key, value in merged_env.items()],
+        "cwd": workdir or spec.workdir,
+        "capabilities": {
+            "bounding": CAPABILITIES,
+            "effective": CAPABILITIES if uid == 0 else [],
+            "permitted": CAPABILITIES if uid == 0 else [],
+        },
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": spec.nofile, "soft": spec.nofile}],
+        "noNewPrivileges": True,
+        "oomScoreAdj": oom_adj,
+    }
+
+
+def exec_process(base: dict[str, Any], args: list[str], *, env: dict[str, str] | None,
+                 workdir: str | None, user: str | None) -> dict[str, Any]:
+    """An exec's process, derived from PID 1's process object of a live sandbox."""
+    process = dict(base)
+    process["args"] = list(args)
+    process["oomScoreAdj"] = EXEC_OOM_SCORE_ADJ
+    if env:
+        merged = dict(item.split("=", 1) for item in base.get("env", []) if "=" in item)
+        merged.update(env)
+        process["env"] = [f"{key}={value}" for key, value in merged.items()]
+    if workdir:
+        process["cwd"] = workdir
+    if user:
+        uid, gid = parse_user(user)
+        process["user"] = {"uid": uid, "gid": gid}
+        caps = base.get("capabilities", {}).get("bounding", [])
+        process["capabilities"] = {
+            "bounding": caps,
+            "effective": caps if uid == 0 else [],
+            "permitted": caps if uid == 0 else [],
+        }
+    return process
+
+
+def _tmpfs(destination: str, size_mb: int, *extra: str) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "tmpfs",
+        "source": "tmpfs",
+        "options": ["nosuid", "nodev", *extra, f"size={size_mb}m"],
+    }
+
+
+def _mounts(spec: SandboxSpec) -> list[dict[str, Any]]:
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        _tmpfs("/dev/shm", spec.tmpfs_mb, "noexec", "mode=1777"),
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+         "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+        _tmpfs("/tmp", spec.tmpfs_mb, "mode=1777"),
+    ]
+
+
+def _resources(spec: SandboxSpec) -> dict[str, Any]:
+    memory = spec.memory_mb * MIB
+    cpu: dict[str, Any] = {"quota": int(spec.cpu_cores * CPU_PERIOD_US), "period": CPU_PERIOD_US}
+    if spec.cpu_shares is not None:
+        cpu["shares"] = spec.cpu_shares
+    return {
+        "devices": [
+            {"allow": False, "access": "rwm"},
+            *(
+                {"allow": True, "type": "c", "major": major, "access": "rwm",
+                 **({"minor": minor} if minor is not None else {})}
+                for major, minor in ALLOWED_DEVICES
+            ),
+        ],
+        # OCI's swap is memory+swap (memory.memsw.limit_in_bytes on v1).
+        "memory": {"limit": memory, "swap": memory + spec.swap_mb * MIB},
+        "pids": {"limit": spec.pids_limit},
+        "cpu": cpu,
+    }
+
+
+def _linux(sandbox_id: str, spec: SandboxSpec) -> dict[str, Any]:
+    return {
+        "cgroupsPath": cgroups_path(sandbox_id),
+        "resources": _resources(spec),
+        "namespaces": [{"type": ns} for ns in ("pid", "ipc", "uts", "mount", "network")],
+        "maskedPaths": MASKED_PATHS,
+        "readonlyPaths": READONLY_PATHS,
+        "seccomp": seccomp_profile(),
+    }

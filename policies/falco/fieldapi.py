@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 
 
-class FieldType(str, Enum):
+class FieldType(str, Enum):  # noqa: UP042 (contract: str() stays the enum name)
     """Value types, after Falco's (``falco --list`` prints these)."""
 
     STRING = "string"
@@ -29,7 +29,7 @@ class FieldType(str, Enum):
     ABSTIME = "abstime"
 
 
-class ArgKind(str, Enum):
+class ArgKind(str, Enum):  # noqa: UP042
     NONE = "none"  # proc.name
     OPTIONAL = "optional"  # proc.aname or proc.aname[2]
     REQUIRED = "required"  # evt.arg[flags] / evt.arg.flags, proc.apid[1]

@@ -37,7 +37,8 @@ def test_lists_macros_rules_are_read() -> None:
     assert res.lists["shells"].items == ["bash", "sh"]
     assert res.macros["spawned"].condition == "evt.type = execve"
     r = res.rules["Shell"]
-    assert (r.priority, r.tags, r.source, r.enabled) == (Priority.WARNING, ["b", "a"], "syscall", True)
+    assert (r.priority, r.tags) == (Priority.WARNING, ["b", "a"])
+    assert (r.source, r.enabled) == ("syscall", True)
     assert r.ctx.file == "file1.yaml" and r.ctx.line == 6
 
 
@@ -228,7 +229,7 @@ def test_exception_validation_errors() -> None:
 
 
 def test_exception_with_unknown_field_names_rule() -> None:
-    with pytest.raises(UnknownFieldError, match="rule 'Write bin'.*k8s.pod.name"):
+    with pytest.raises(UnknownFieldError, match=r"rule 'Write bin'.*k8s\.pod\.name"):
         ruleset(EXC_RULE + "  exceptions:\n    - name: e\n      fields: k8s.pod.name\n"
                 "      values: [a]\n")
 
@@ -319,7 +320,8 @@ def test_override_errors() -> None:
     with pytest.raises(RuleLoadError, match="not defined"):
         load(BASE, "- rule: Shell\n  override:\n    condition: append\n")
     with pytest.raises(RuleLoadError, match="unexpected key 'output'"):
-        load(BASE, "- rule: Shell\n  condition: x\n  output: y\n  override:\n    condition: append\n")
+        load(BASE, "- rule: Shell\n  condition: x\n  output: y\n"
+             "  override:\n    condition: append\n")
     with pytest.raises(RuleLoadError, match="list appended to"):
         load("- list: nope\n  items: [a]\n  append: true\n")
     with pytest.raises(RuleLoadError, match="cannot be used together"):

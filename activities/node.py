@@ -1,0 +1,428 @@
+"""Node activities: the thin Temporal layer over one node's containerd.
+
+Every activity here runs on the node's own task queue (`corral-node-<name>`),
+because a sandbox exists on exactly one host. Each is idempotent by sandbox
+id, heartbeats while it waits, and turns sandbox errors into Temporal
+`ApplicationError`s whose `type` is the error class name, so the workflow's
+retry policy can mark the hopeless ones (bad spec, missing image) non-retryable.
+
+The step journal makes a retried `exec_step` safe: a step whose result was
+journalled is answered from the journal, and a step that was interrupted by a
+worker crash is reported as interrupted instead of being run a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from observability.metrics import Metrics
+from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
+from observability.tracing import span
+from sandbox import Containerd, SandboxSpec, network
+from sandbox.errors import CorralError, SandboxError, SandboxNotFound
+from workflows.models import (
+    EpisodeSpec,
+    ExecStepInput,
+    FileContent,
+    NodeLoad,
+    ProvisionInput,
+    ProvisionResult,
+    ReadFileInput,
+    ReapInput,
+    ReapResult,
+    RecordEpisodeInput,
+    SandboxRef,
+    StepResult,
+    TeardownResult,
+    WriteFileInput,
+)
+
+T = TypeVar("T")
+HEARTBEAT_EVERY_S = 5.0
+INTERRUPTED_EXIT_CODE = 255
+
+
+def sandbox_spec_for(spec: EpisodeSpec, labels: dict[str, str]) -> SandboxSpec:
+    """The episode's resources and environment as the sandbox layer's spec."""
+    try:
+        return SandboxSpec(
+            image=spec.image,
+            cpu_cores=spec.resources.cpu_cores,
+            memory_mb=spec.resources.memory_mb,
+            pids_limit=spec.resources.pids_limit,
+            nofile=spec.resources.nofile,
+            tmpfs_mb=spec.resources.tmpfs_mb,
+            env=spec.env,
+            runtime=spec.runtime,
+            labels=labels,
+        )
+    except ValueError as err:
+        raise _app_error_from_message("InvalidSpec", f"invalid episode spec: {err}") from err
+
+
+class NodeActivities:
+    """One instance per node worker, holding that node's containerd client."""
+
+    def __init__(
+        self,
+        node: str,
+        containerd: Containerd,
+        state_dir: Path,
+        *,
+        temporal: Client | None = None,
+        records: RecordWriter | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.node = node
+        self._containerd = containerd
+        self._state_dir = state_dir
+        self._temporal = temporal
+        self._records = records
+        self._metrics = metrics
+        self._sandbox_count = 0
+        self._images: dict[str, str] = {}
+
+    # ------------------------------------------------------------ lifecycle
+    @activity.defn(name="corral.load")
+    async def load(self) -> NodeLoad:
+        meminfo = _meminfo_available_mb()
+        return NodeLoad(
+            node=self.node,
+            sandboxes=self._sandbox_count,
+            load1=os.getloadavg()[0],
+            memory_available_mb=meminfo,
+        )
+
+    @activity.defn(name="corral.provision")
+    async def provision(self, input: ProvisionInput) -> ProvisionResult:
+        started = time.monotonic()
+        spec = sandbox_spec_for(input.spec, input.labels)
+        existed = await self._exists(input.sandbox_id)
+        attrs = {"corral.sandbox_id": input.sandbox_id, "corral.image": spec.image,
+                 "corral.node": self.node, "corral.workflow_id": input.labels.get(
+                     "corral.workflow_id", "")}  # fmt: skip
+        with span("corral.provision", **attrs):
+            await _heartbeating(
+                _mapped(self._containerd.create_sandbox(input.sandbox_id, spec, input.labels))
+            )
+            if input.spec.network.mode == "allowlist":
+                await self._attach_network(input)
+        seconds = time.monotonic() - started
+        if not existed:
+            self._sandbox_count += 1
+            if self._metrics:
+                self._metrics.record_provision(seconds, self.node, spec.image)
+                self._metrics.sandbox_added(self.node)
+        return ProvisionResult(
+            sandbox_id=input.sandbox_id, node=self.node, provision_s=seconds, created=not existed
+        )
+
+    async def _attach_network(self, input: ProvisionInput) -> None:
+        info = await self._info(input.sandbox_id)
+        if info.pid is None:
+            raise _app_error_from_message("NetworkError", f"sandbox {input.sandbox_id} has no pid")
+        rules = [network.EgressRule(**rule.model_dump()) for rule in input.spec.network.egress]
+        try:
+            await network.attach_network(input.sandbox_id, info.pid, rules, self._network_dir)
+        except CorralError as err:
+            # Roll back: a sandbox without its promised network must not live on.
+            await self._containerd.destroy_sandbox(input.sandbox_id)
+            raise _to_app_error(err) from err
+
+    @activity.defn(name="corral.teardown")
+    async def teardown(self, input: SandboxRef) -> TeardownResult:
+        started = time.monotonic()
+        with span("corral.teardown", **{"corral.sandbox_id": input.sandbox_id,
+                                        "corral.node": self.node}):  # fmt: skip
+            with contextlib.suppress(CorralError):
+                await network.detach_network(input.sandbox_id, self._network_dir)
+            removed = await _heartbeating(
+                _mapped(self._containerd.destroy_sandbox(input.sandbox_id))
+            )
+        shutil.rmtree(self._journal_dir(input.sandbox_id), ignore_errors=True)
+        seconds = time.monotonic() - started
+        if removed:
+            self._sandbox_count = max(0, self._sandbox_count - 1)
+            if self._metrics:
+                self._metrics.record_teardown(seconds, self.node, "")
+                self._metrics.sandbox_removed(self.node, "running")
+        return TeardownResult(sandbox_id=input.sandbox_id, removed=removed, teardown_s=seconds)
+
+    @activity.defn(name="corral.freeze")
+    async def freeze(self, input: SandboxRef) -> None:
+        """Quarantine: stop every process and cut the network; keep the filesystem."""
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        with contextlib.suppress(CorralError):  # no network attached: nothing to cut
+            await network.cut_network(input.sandbox_id, self._network_dir)
+        if await sandbox.status() != "paused":
+            await _mapped(sandbox.pause())
+        if self._metrics:
+            self._metrics.sandbox_moved(self.node, "running", "paused")
+
+    @activity.defn(name="corral.thaw")
+    async def thaw(self, input: SandboxRef) -> None:
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        if await sandbox.status() == "paused":
+            await _mapped(sandbox.resume())
+        with contextlib.suppress(CorralError):
+            await network.restore_network(input.sandbox_id, self._network_dir)
+        if self._metrics:
+            self._metrics.sandbox_moved(self.node, "paused", "running")
+
+    # ----------------------------------------------------------------- steps
+    @activity.defn(name="corral.exec_step")
+    async def exec_step(self, input: ExecStepInput) -> StepResult:
+        journal = self._journal_dir(input.sandbox_id)
+        done, started_marker = journal / f"{input.index}.json", journal / f"{input.index}.started"
+        if done.exists():
+            return StepResult.model_validate_json(done.read_text())
+        if started_marker.exists():
+            return self._interrupted(input, started_marker)
+        journal.mkdir(parents=True, exist_ok=True)
+        started_marker.write_text(datetime.now(UTC).isoformat())
+        result = await self._run_step(input)
+        _atomic_write(done, result.model_dump_json())
+        return result
+
+    async def _run_step(self, input: ExecStepInput) -> StepResult:
+        step = input.step
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        started_at = datetime.now(UTC)
+        with span("corral.exec", **{"corral.sandbox_id": input.sandbox_id,
+                                    "corral.node": self.node}):  # fmt: skip
+            out = await _heartbeating(
+                _mapped(
+                    sandbox.exec(
+                        step.cmd,
+                        env={**input.base_env, **step.env} or None,
+                        workdir=step.workdir,
+                        stdin=step.stdin.encode() if step.stdin is not None else None,
+                        timeout_s=step.timeout_s or input.default_timeout_s,
+                        output_limit_bytes=input.output_limit_bytes,
+                    )
+                )
+            )
+        if self._metrics:
+            self._metrics.record_exec(out.duration_s, self.node, sandbox.image)
+        return StepResult(
+            index=input.index,
+            cmd=step.display(),
+            exit_code=out.exit_code,
+            stdout=out.stdout,
+            stderr=out.stderr,
+            duration_s=out.duration_s,
+            timed_out=out.timed_out,
+            truncated=out.truncated,
+            source=input.source,
+            started_at=started_at,
+        )
+
+    def _interrupted(self, input: ExecStepInput, marker: Path) -> StepResult:
+        """A previous attempt started this step and its worker died: never run it twice."""
+        activity.logger.warning("step %s of %s was interrupted", input.index, input.sandbox_id)
+        result = StepResult(
+            index=input.index,
+            cmd=input.step.display(),
+            exit_code=INTERRUPTED_EXIT_CODE,
+            stderr="corral: the node worker restarted while this step ran; "
+            "it was not run again (its effects on the sandbox may be partial)",
+            source=input.source,
+            started_at=datetime.fromisoformat(marker.read_text()),
+        )
+        _atomic_write(marker.with_suffix(".json"), result.model_dump_json())
+        return result
+
+    # ----------------------------------------------------------------- files
+    @activity.defn(name="corral.write_file")
+    async def write_file(self, input: WriteFileInput) -> None:
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        data = base64.b64decode(input.request.content_b64)
+        await _heartbeating(_mapped(sandbox.write_file(input.request.path, data, input.request.mode)))
+
+    @activity.defn(name="corral.read_file")
+    async def read_file(self, input: ReadFileInput) -> FileContent:
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        data = await _heartbeating(
+            _mapped(sandbox.read_file(input.request.path, input.request.max_bytes))
+        )
+        return FileContent(
+            path=input.request.path, content_b64=base64.b64encode(data).decode(), size=len(data)
+        )
+
+    # --------------------------------------------------------------- records
+    @activity.defn(name="corral.record_episode")
+    async def record_episode(self, input: RecordEpisodeInput) -> None:
+        """Hand the result to the buffered Parquet writer; never slows the episode."""
+        if self._metrics:
+            self._metrics.record_episode(input.result.outcome)
+            for alert in input.result.alerts:
+                self._metrics.record_alert(alert.rule, alert.action)
+        if self._records is None:
+            return
+        for record in episode_records(input):
+            self._records.append(record)
+
+    # --------------------------------------------------------------- janitor
+    @activity.defn(name="corral.reap_orphans")
+    async def reap_orphans(self, input: ReapInput) -> ReapResult:
+        """Remove sandboxes whose workflow is closed or unknown (terminated, lost)."""
+        if self._temporal is None:
+            raise ApplicationError("node worker has no Temporal client", non_retryable=True)
+        sandboxes = await _mapped(self._containerd.list_sandboxes({"corral.sandbox": "1"}))
+        removed: list[str] = []
+        now = datetime.now(UTC)
+        for info in sandboxes:
+            activity.heartbeat(info.id)
+            workflow_id = info.labels.get("corral.workflow_id")
+            young = info.created_at and (now - info.created_at).total_seconds() < input.grace_s
+            if not workflow_id or young or await self._workflow_open(workflow_id):
+                continue
+            await self.teardown(SandboxRef(sandbox_id=info.id))
+            removed.append(info.id)
+        return ReapResult(node=self.node, checked=len(sandboxes), removed=removed)
+
+    async def _workflow_open(self, workflow_id: str) -> bool:
+        assert self._temporal is not None
+        try:
+            desc = await self._temporal.get_workflow_handle(workflow_id).describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return desc.status is not None and desc.status.name == "RUNNING"
+
+    # --------------------------------------------------------------- helpers
+    @property
+    def _network_dir(self) -> Path:
+        return self._state_dir / "network"
+
+    def _journal_dir(self, sandbox_id: str) -> Path:
+        return self._state_dir / "journal" / sandbox_id
+
+    async def _exists(self, sandbox_id: str) -> bool:
+        try:
+            await self._containerd.get_sandbox(sandbox_id)
+        except SandboxNotFound:
+            return False
+        return True
+
+    async def _info(self, sandbox_id: str) -> Any:
+        for info in await self._containerd.list_sandboxes():
+            if info.id == sandbox_id:
+                return info
+        raise _app_error_from_message("SandboxNotFound", f"sandbox {sandbox_id} not found")
+
+    def activities(self) -> list[Any]:
+        return [
+            self.load, self.provision, self.teardown, self.freeze, self.thaw, self.exec_step,
+            self.write_file, self.read_file, self.record_episode, self.reap_orphans,
+        ]  # fmt: skip
+
+
+def episode_records(input: RecordEpisodeInput) -> list[Any]:
+    """An episode result as the analysis store's episode, step and alert rows."""
+    result = input.result
+    started = result.started_at or datetime.now(UTC)
+    ended = result.ended_at or started
+    rows: list[Any] = [
+        EpisodeRecord(
+            workflow_id=input.workflow_id,
+            run_id=input.run_id,
+            tenant=result.tenant,
+            image=result.image,
+            node=result.node,
+            started_at=started,
+            ended_at=ended,
+            duration_s=result.duration_s,
+            outcome=result.outcome,
+            reason=result.reason or None,
+            reward=_reward_value(result.reward),
+            steps=len(result.steps),
+            provision_s=result.provision_s,
+            teardown_s=result.teardown_s,
+            alerts=[
+                EpisodeAlert(rule=a.rule, priority=a.priority, action=a.action,
+                             time=a.time or ended)
+                for a in result.alerts
+            ],  # fmt: skip
+        )
+    ]
+    rows += [
+        StepRecord(workflow_id=input.workflow_id, index=s.index, command=s.cmd,
+                   exit_code=s.exit_code, duration_s=s.duration_s, timed_out=s.timed_out,
+                   started_at=s.started_at or started)
+        for s in result.steps
+    ]  # fmt: skip
+    rows += [
+        AlertRecord(workflow_id=input.workflow_id, rule=a.rule, priority=a.priority,
+                    action=a.action, time=a.time or ended, image=result.image, node=result.node)
+        for a in result.alerts
+    ]  # fmt: skip
+    return rows
+
+
+def _reward_value(reward: StepResult | None) -> float | None:
+    """The reward command's last output line, when it is a number."""
+    if reward is None or not reward.stdout.strip():
+        return None
+    try:
+        return float(reward.stdout.strip().splitlines()[-1])
+    except ValueError:
+        return None
+
+
+async def _heartbeating(work: Awaitable[T]) -> T:
+    """Await `work` while heartbeating, so a dead worker is noticed in seconds."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+        if done:
+            return task.result()
+        with contextlib.suppress(RuntimeError):  # outside an activity (tests, bench)
+            activity.heartbeat()
+
+
+async def _mapped(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except CorralError as err:
+        raise _to_app_error(err) from err
+
+
+def _to_app_error(err: CorralError) -> ApplicationError:
+    retryable = isinstance(err, SandboxError) and type(err).__name__ in (
+        "ContainerdUnavailable", "ContainerdError",
+    )  # fmt: skip
+    return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
+
+
+def _app_error_from_message(error_type: str, message: str) -> ApplicationError:
+    return ApplicationError(message, type=error_type, non_retryable=True)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _meminfo_available_mb() -> int:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    return 0

@@ -1,0 +1,197 @@
+"""`corral`: the command line.
+
+Every command that prints data takes `--json`; every failure a user can cause
+ends with one line, `corral: error: ...`, and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import shlex
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import yaml
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from sandbox.errors import CorralError
+from workers.config import StackConfig, load_config
+
+T = TypeVar("T")
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def fail(message: str) -> None:
+    raise click.ClickException(" ".join(message.split()) if "\n" not in message else message)
+
+
+def run_async(func: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Run a coroutine command; turn Corral's errors into one-line exits."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return asyncio.run(func(*args, **kwargs))
+        except CorralError as err:
+            fail(str(err))
+            raise AssertionError("unreachable") from err
+
+    return wrapper
+
+
+def emit_json(data: Any) -> None:
+    if isinstance(data, BaseModel):
+        text = data.model_dump_json(indent=2)
+    else:
+        text = json.dumps(_jsonable(data), indent=2, default=str)
+    click.echo(text)
+
+
+def _jsonable(data: Any) -> Any:
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json")
+    if isinstance(data, list):
+        return [_jsonable(d) for d in data]
+    if isinstance(data, dict):
+        return {k: _jsonable(v) for k, v in data.items()}
+    return data
+
+
+class Context:
+    def __init__(self, config_path: Path | None) -> None:
+        self._config_path = config_path
+        self._config: StackConfig | None = None
+
+    @property
+    def config(self) -> StackConfig:
+        if self._config is None:
+            try:
+                self._config = load_config(self._config_path)
+            except CorralError as err:
+                fail(str(err))
+        assert self._config is not None
+        return self._config
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              envvar="CORRAL_CONFIG", help="Stack configuration (default: temporal-dev.yaml).")
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None) -> None:
+    """Corral: AI-agent episodes in containerd sandboxes, as durable Temporal workflows."""
+    ctx.obj = Context(config_path)
+
+
+# ----------------------------------------------------------------- the stack
+@cli.command()
+@click.option("--nodes", type=click.IntRange(1, 16), default=None, help="Sandbox nodes to run.")
+@pass_ctx
+@run_async
+async def up(ctx: Context, nodes: int | None) -> None:
+    """Start the dev stack in the background (harmless when it is up)."""
+    from workers.stack import Stack
+
+    config = ctx.config
+    if nodes is not None:
+        config = config.model_copy(update={"nodes": config.nodes.model_copy(update={"count": nodes})})
+    status = await Stack(config).up(progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"))
+    _print_status(status)
+    click.echo(f"Web UI: {status.ui_url}")
+
+
+@cli.command()
+@pass_ctx
+@run_async
+async def down(ctx: Context) -> None:
+    """Stop every process the stack started and remove its sandboxes."""
+    from workers.stack import Stack
+
+    stopped = await Stack(ctx.config).down(progress=lambda msg: console.print(f"[dim]stopping {msg}…[/]"))
+    click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@run_async
+async def status(ctx: Context, as_json: bool) -> None:
+    """Say what runs and whether each part is healthy."""
+    from corral.headline import headline_figures
+    from workers.stack import Stack
+
+    result = await Stack(ctx.config).status()
+    result.headline = headline_figures(ctx.config)
+    if as_json:
+        emit_json(result)
+    else:
+        _print_status(result)
+    if not result.up:
+        sys.exit(1)
+
+
+def _print_status(status: Any) -> None:
+    table = Table(title=f"Corral stack ({'up' if status.up else 'NOT healthy'})", title_justify="left")
+    for col in ("component", "state", "pid", "detail"):
+        table.add_column(col)
+    for c in status.components:
+        state = "[green]healthy[/]" if c.healthy else ("[yellow]unhealthy[/]" if c.running else "[red]down[/]")
+        table.add_row(c.name, state, str(c.pid or ""), c.detail)
+    out.print(table)
+    for name, value in (status.headline or {}).items():
+        out.print(f"  {name}: {value:g}")
+
+
+# --------------------------------------------------------------------- demo
+@cli.command()
+@click.option("--episodes", type=click.IntRange(1, 1000), default=5)
+@pass_ctx
+@run_async
+async def demo(ctx: Context, episodes: int) -> None:
+    """Bring the stack up if needed, run a few episodes, print their results."""
+    from corral.demo import run_demo
+
+    await run_demo(ctx.config, episodes=episodes, say=console.print, out=out)
+
+
+# from corral.cli_* modules: images, sandboxes, episodes, policies, reports, bench
+def _register() -> None:
+    from corral import cli_episodes, cli_images, cli_policy, cli_tools
+
+    for module in (cli_images, cli_episodes, cli_policy, cli_tools):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """An episode spec from YAML or JSON; errors name the file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        fail(f"{path}: cannot read spec: {' '.join(str(err).split())}")
+    if not isinstance(data, dict):
+        fail(f"{path}: a spec is a mapping (image, steps, ...)")
+    return data
+
+
+def shell_join(argv: tuple[str, ...]) -> str | list[str]:
+    """`-- echo hi` as an argv; a single argument with spaces is a shell string."""
+    if len(argv) == 1 and any(ch in argv[0] for ch in " |;&><$"):
+        return argv[0]
+    return list(argv) if len(argv) > 1 else shlex.split(argv[0]) if argv else []
+
+
+def main() -> None:
+    _register()
+    cli(prog_name="corral")
+

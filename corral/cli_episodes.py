@@ -1,0 +1,248 @@
+"""`corral episode ...` and `corral run`: episodes for trainers and on-call."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from corral.cli import Context, console, emit_json, load_spec_file, out, pass_ctx, run_async, shell_join
+from corral.errors import EpisodeError
+from corral.sdk import Corral
+from workflows.models import EpisodeResult
+
+
+@click.group()
+def episode() -> None:
+    """Start, drive, inspect, kill and release episodes."""
+
+
+def _spec_from_options(spec_file: Path | None, image: str | None, steps: tuple[str, ...],
+                       reward: str | None, interactive: bool) -> dict[str, Any]:  # fmt: skip
+    spec: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
+    if image:
+        spec["image"] = image
+    if steps:
+        spec["steps"] = [*spec.get("steps", []), *steps]
+    if reward:
+        spec["reward"] = reward
+    if interactive:
+        spec["interactive"] = True
+    if "image" not in spec:
+        raise click.UsageError("give --image or a --spec file with an image")
+    return spec
+
+
+@episode.command("start")
+@click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--image", default=None)
+@click.option("--step", "steps", multiple=True, help="A shell command; repeat for more steps.")
+@click.option("--reward", default=None, help="Reward command (its last output line is the reward).")
+@click.option("--interactive", is_flag=True, help="Wait for exec/finish requests after the steps.")
+@click.option("--id", "episode_id", default=None)
+@click.option("--node", default=None)
+@click.option("--wait", is_flag=True, help="Wait for the result.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def episode_start(ctx: Context, spec_file: Path | None, image: str | None, steps: tuple[str, ...],
+                        reward: str | None, interactive: bool, episode_id: str | None,
+                        node: str | None, wait: bool, as_json: bool) -> None:  # fmt: skip
+    """Start an episode; with --wait, print its result."""
+    spec = _spec_from_options(spec_file, image, steps, reward, interactive)
+    corral = await Corral.connect(ctx.config)
+    handle = await corral.start_episode(spec, episode_id=episode_id, node=node)
+    if not wait:
+        emit_json({"episode_id": handle.id}) if as_json else click.echo(handle.id)
+        return
+    try:
+        result = await handle.result()
+    except EpisodeError as err:
+        _print_result(err.result, as_json)
+        raise click.ClickException(f"episode {handle.id} {_outcome(err)}: {err}") from err
+    _print_result(result, as_json)
+
+
+def _outcome(err: EpisodeError) -> str:
+    return err.result.outcome if err.result else type(err).__name__
+
+
+def _print_result(result: EpisodeResult | None, as_json: bool) -> None:
+    if result is None:
+        return
+    if as_json:
+        emit_json(result)
+        return
+    out.print(f"[bold]{result.episode_id}[/] {result.outcome} on {result.node} "
+              f"in {result.duration_s:.2f} s {result.reason}")  # fmt: skip
+    for step in result.steps + ([result.reward] if result.reward else []):
+        mark = "[green]ok[/]" if step.ok else f"[red]exit {step.exit_code}[/]"
+        out.print(f"  [{step.index}] {mark} {step.duration_s * 1000:.0f} ms  $ {step.cmd}")
+        for stream in (step.stdout, step.stderr):
+            for line in stream.rstrip("\n").splitlines()[:20]:
+                out.print(f"      {line}", markup=False)
+
+
+@episode.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("episode_id")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--timeout-s", type=float, default=None)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def episode_exec(ctx: Context, episode_id: str, command: tuple[str, ...],
+                       timeout_s: float | None, as_json: bool) -> None:  # fmt: skip
+    """Run COMMAND in a running interactive episode (a Temporal Update)."""
+    corral = await Corral.connect(ctx.config)
+    result = await corral.episode(episode_id).exec(shell_join(command), timeout_s=timeout_s)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(result.stdout, nl=False)
+    click.echo(result.stderr, nl=False, err=True)
+    raise SystemExit(result.exit_code)
+
+
+@episode.command("show")
+@click.argument("episode_id")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def episode_show(ctx: Context, episode_id: str, as_json: bool) -> None:
+    """Status of one episode (live query while it runs, else its result)."""
+    corral = await Corral.connect(ctx.config)
+    handle = corral.episode(episode_id)
+    if await corral.is_running(episode_id):
+        status = await handle.status()
+        emit_json(status) if as_json else out.print(status.model_dump())
+        return
+    try:
+        _print_result(await handle.result(), as_json)
+    except EpisodeError as err:
+        _print_result(err.result, as_json)
+        if err.result is None:
+            click.echo(f"{episode_id}: {type(err).__name__}: {err}")
+
+
+@episode.command("list")
+@click.option("--state", default=None, help="EpisodeState, e.g. running, quarantined.")
+@click.option("--query", default=None, help="A Temporal List Filter.")
+@click.option("--limit", type=int, default=50)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def episode_list(ctx: Context, state: str | None, query: str | None, limit: int,
+                       as_json: bool) -> None:  # fmt: skip
+    """List episodes (newest first) from Temporal's visibility store."""
+    clauses = [f"EpisodeState = '{state}'"] if state else []
+    clauses += [query] if query else []
+    corral = await Corral.connect(ctx.config)
+    rows = await corral.list_episodes(" AND ".join(clauses) or None, limit=limit)
+    if as_json:
+        emit_json([r.__dict__ for r in rows])
+        return
+    table = Table("episode", "status", "state", "node", "image", "alerts", "started")
+    for r in rows:
+        table.add_row(r.episode_id, r.status, r.state, r.node, r.image, ",".join(r.anomaly_rules),
+                      f"{r.start_time:%H:%M:%S}" if r.start_time else "")  # fmt: skip
+    out.print(table)
+
+
+@episode.command("kill")
+@click.argument("episode_id")
+@click.option("--reason", default="")
+@pass_ctx
+@run_async
+async def episode_kill(ctx: Context, episode_id: str, reason: str) -> None:
+    """Kill an episode now (its sandbox is torn down)."""
+    corral = await Corral.connect(ctx.config)
+    await corral.episode(episode_id).kill(reason=reason, by="cli")
+    click.echo(f"kill sent to {episode_id}")
+
+
+@episode.command("release")
+@click.argument("episode_id")
+@click.option("--reason", default="")
+@pass_ctx
+@run_async
+async def episode_release(ctx: Context, episode_id: str, reason: str) -> None:
+    """Release a quarantined episode (thaw it and let it go on)."""
+    corral = await Corral.connect(ctx.config)
+    await corral.episode(episode_id).release(reason=reason, by="cli")
+    click.echo(f"release sent to {episode_id}")
+
+
+@click.command("run")
+@click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              required=True)
+@click.option("--episodes", type=click.IntRange(1, 100_000), default=10)
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=8)
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("results.parquet"), show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def run_batch(ctx: Context, spec_file: Path, episodes: int, concurrency: int, out_file: Path,
+                    as_json: bool) -> None:  # fmt: skip
+    """Run a batch of episodes with a progress bar; write every result to Parquet."""
+    spec = load_spec_file(spec_file)
+    corral = await Corral.connect(ctx.config)
+    results: list[EpisodeResult] = []
+    started = time.monotonic()
+    columns = (TextColumn("[bold]episodes"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[tally]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=as_json) as progress:
+        task = progress.add_task("run", total=episodes, tally="")
+        async for result in corral.run_batch(spec, n=episodes, concurrency=concurrency):
+            results.append(result)
+            tally = Counter(r.outcome for r in results)
+            progress.update(task, advance=1, tally=" ".join(f"{k}={v}" for k, v in tally.items()))
+    summary = batch_summary(results, time.monotonic() - started)
+    write_results(results, out_file)
+    summary["results_file"] = str(out_file)
+    if as_json:
+        emit_json(summary)
+        return
+    out.print(f"[bold]{summary['episodes']} episodes[/] in {summary['wall_s']:.1f} s "
+              f"({summary['per_second']:.2f}/s): {summary['outcomes']}")  # fmt: skip
+    for reason, count in summary["failed_by_reason"].items():
+        out.print(f"  failed x{count}: {reason}")
+    out.print(f"  duration p50 {summary['p50_s']:.2f} s, p99 {summary['p99_s']:.2f} s; "
+              f"results in {out_file}")  # fmt: skip
+
+
+def batch_summary(results: list[EpisodeResult], wall_s: float) -> dict[str, Any]:
+    durations = sorted(r.duration_s for r in results) or [0.0]
+    failed = Counter(r.reason for r in results if r.outcome == "failed")
+    return {
+        "episodes": len(results),
+        "wall_s": wall_s,
+        "per_second": len(results) / wall_s if wall_s else 0.0,
+        "outcomes": dict(Counter(r.outcome for r in results)),
+        "failed_by_reason": dict(failed.most_common()),
+        "p50_s": statistics.median(durations),
+        "p99_s": durations[min(len(durations) - 1, int(0.99 * len(durations)))],
+    }
+
+
+def write_results(results: list[EpisodeResult], path: Path) -> None:
+    import polars as pl
+
+    rows = [{
+        "episode_id": r.episode_id, "outcome": r.outcome, "reason": r.reason, "node": r.node,
+        "image": r.image, "tenant": r.tenant, "steps": len(r.steps), "duration_s": r.duration_s,
+        "provision_s": r.provision_s, "teardown_s": r.teardown_s,
+        "reward_exit_code": r.reward.exit_code if r.reward else None,
+        "alerts": [a.rule for a in r.alerts], "result_json": r.model_dump_json(),
+    } for r in results]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(rows).write_parquet(path)
+
+
+COMMANDS = [episode, run_batch]

@@ -1,0 +1,170 @@
+"""`corral image ...` and `corral sandbox run`: the sandbox layer for people."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from corral.cli import Context, emit_json, fail, out, pass_ctx, run_async, shell_join
+from sandbox import Containerd, SandboxSpec, build_busybox_image, resolve_image_name
+from sandbox.errors import CorralError
+from workers.config import StackConfig, describe_validation_error
+
+
+@contextlib.asynccontextmanager
+async def node_client(config: StackConfig, node: str) -> AsyncIterator[Containerd]:
+    if node not in config.node_names():
+        fail(f"node {node!r} is not one of {', '.join(config.node_names())}")
+    socket = config.containerd_socket(node)
+    if not socket.exists():
+        fail(f"containerd of {node} is not running ({socket} missing); run `corral up`")
+    async with await Containerd.connect(str(socket), namespace=config.nodes.containerd_namespace) as c:
+        yield c
+
+
+def _nodes(config: StackConfig, node: str | None) -> list[str]:
+    return [node] if node else config.node_names()
+
+
+@click.group()
+def image() -> None:
+    """Build, import, list and remove images (on every node unless --node)."""
+
+
+@image.command("build")
+@click.argument("kind", type=click.Choice(["busybox", "debian"]))
+@click.option("--packages", default="", help="debian: comma-separated packages, e.g. python3,git")
+@click.option("--name", default=None, help="Image name (default corral.local/<kind>:latest).")
+@click.option("--node", default=None)
+@pass_ctx
+@run_async
+async def image_build(ctx: Context, kind: str, packages: str, name: str | None, node: str | None) -> None:
+    """Build an image locally (no registry needed) and import it."""
+    config = ctx.config
+    if kind == "busybox":
+        for each in _nodes(config, node):
+            async with node_client(config, each) as client:
+                info = await build_busybox_image(client, resolve_image_name(name or "busybox"))
+            click.echo(f"{each}: {info.name} {info.digest[:19]}")
+        return
+    await _build_debian(config, [p for p in packages.split(",") if p.strip()], name, node)
+
+
+async def _build_debian(config: StackConfig, packages: list[str], name: str | None,
+                        node: str | None) -> None:  # fmt: skip
+    from sandbox.debian import build_debian_image, write_debian_archive
+
+    cache = config.state.parent / "cache" if config.state.parent.name == ".state" else config.state / "cache"
+    image_name = resolve_image_name(name or ("debian-" + "-".join(sorted(packages)) if packages else "debian"))
+    started = time.monotonic()
+    click.echo(f"building {image_name} (debootstrap, cached in {cache})…", err=True)
+    built = await asyncio.to_thread(build_debian_image, cache / "debian", packages)
+    with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
+        archive = await asyncio.to_thread(write_debian_archive, built, Path(tmp) / "image.tar", image_name)
+        for each in _nodes(config, node):
+            async with node_client(config, each) as client:
+                await client.images.import_archive(archive)
+    click.echo(f"{image_name}: {len(built.layers)} layers in {time.monotonic() - started:.1f} s")
+
+
+@image.command("import")
+@click.argument("archive", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--node", default=None)
+@pass_ctx
+@run_async
+async def image_import(ctx: Context, archive: Path, node: str | None) -> None:
+    """Import an OCI image archive (tar)."""
+    for each in _nodes(ctx.config, node):
+        async with node_client(ctx.config, each) as client:
+            for info in await client.images.import_archive(archive):
+                click.echo(f"{each}: {info.name} {info.digest[:19]}")
+
+
+@image.command("ls")
+@click.option("--node", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def image_ls(ctx: Context, node: str | None, as_json: bool) -> None:
+    """List images."""
+    rows = []
+    for each in _nodes(ctx.config, node):
+        async with node_client(ctx.config, each) as client:
+            rows += [{"node": each, **i.model_dump()} for i in await client.images.list()]
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("node", "name", "digest", "size")
+    for r in rows:
+        table.add_row(r["node"], r["name"], r["digest"][:19], f"{r['size'] / 1e6:.1f} MB")
+    out.print(table)
+
+
+@image.command("rm")
+@click.argument("name")
+@click.option("--node", default=None)
+@pass_ctx
+@run_async
+async def image_rm(ctx: Context, name: str, node: str | None) -> None:
+    """Remove an image."""
+    for each in _nodes(ctx.config, node):
+        async with node_client(ctx.config, each) as client:
+            await client.images.remove(resolve_image_name(name))
+        click.echo(f"{each}: removed {resolve_image_name(name)}")
+
+
+@click.group()
+def sandbox() -> None:
+    """Sandboxes straight on containerd, without Temporal."""
+
+
+@sandbox.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--image", "image_name", default="busybox", show_default=True)
+@click.option("--memory-mb", type=int, default=512, show_default=True)
+@click.option("--cpus", type=float, default=1.0, show_default=True)
+@click.option("--pids", type=int, default=256, show_default=True)
+@click.option("--timeout-s", type=float, default=60.0, show_default=True)
+@click.option("--runtime", default="runc", show_default=True)
+@click.option("--read-only-root", is_flag=True)
+@click.option("--node", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@pass_ctx
+@run_async
+async def sandbox_run(ctx: Context, image_name: str, memory_mb: int, cpus: float, pids: int,
+                      timeout_s: float, runtime: str, read_only_root: bool, node: str | None,
+                      as_json: bool, command: tuple[str, ...]) -> None:  # fmt: skip
+    """Create a sandbox, run COMMAND in it, print its output, tear it down."""
+    try:
+        spec = SandboxSpec(image=resolve_image_name(image_name), memory_mb=memory_mb, cpu_cores=cpus,
+                           pids_limit=pids, runtime=runtime, read_only_root=read_only_root,
+                           labels={"corral.cli": "sandbox-run"})  # fmt: skip
+    except ValueError as err:
+        fail(f"invalid sandbox: {describe_validation_error(err) if hasattr(err, 'errors') else err}")
+    sandbox_id = f"cli-{uuid.uuid4().hex[:12]}"
+    async with node_client(ctx.config, node or ctx.config.node_names()[0]) as client:
+        try:
+            box = await client.create_sandbox(sandbox_id, spec, spec.labels)
+            result = await box.exec(shell_join(command), timeout_s=timeout_s)
+        finally:
+            with contextlib.suppress(CorralError):
+                await client.destroy_sandbox(sandbox_id)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(result.stdout, nl=False)
+        click.echo(result.stderr, nl=False, err=True)
+        if result.timed_out:
+            click.echo(f"corral: command timed out after {timeout_s:g} s", err=True)
+    raise SystemExit(result.exit_code)
+
+
+COMMANDS = [image, sandbox]

@@ -1,0 +1,112 @@
+"""`corral policy validate|explain|test`: tools for policy authors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from corral.cli import Context, emit_json, fail, out, pass_ctx, run_async
+from policies.falco.explain import explain_rule
+from policies.falco.fields import default_registry
+from policies.falco.loader import load_files
+from policies.falco.engine import Ruleset
+from policies.falco.validate import validate_files
+from sandbox.errors import CorralError
+
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+@click.group()
+def policy() -> None:
+    """Validate, explain and test Falco rules and responses."""
+
+
+@policy.command("validate")
+@click.argument("files", nargs=-1, type=_FILE)
+@click.option("--responses", type=_FILE, default=None, help="Also check a responses file.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def validate(ctx: Context, files: tuple[Path, ...], responses: Path | None, as_json: bool) -> None:
+    """Load FILES in order (default: the stack's rules) and report each rule's support."""
+    paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
+    report = validate_files(paths, default_registry())
+    if responses is not None:
+        from policies.responses import load_responses
+
+        try:
+            load_responses(responses)
+        except Exception as err:  # noqa: BLE001 - reported as a validation error
+            report.errors.append(" ".join(str(err).split()))
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        _print_report(report)
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def _print_report(report: object) -> None:
+    rules = getattr(report, "rules")
+    table = Table("rule", "status", "priority", "event types", "reason")
+    for r in rules:
+        colour = {"supported": "green", "disabled": "dim"}.get(r.status, "red")
+        types = "all" if r.event_types is None else ",".join(r.event_types)[:40]
+        table.add_row(r.name, f"[{colour}]{r.status}[/]", r.priority, types, r.reason or "")
+    out.print(table)
+    for err in getattr(report, "errors"):
+        out.print(f"[red]error:[/] {err}", markup=True)
+    counts = getattr(report, "counts")()
+    out.print("  ".join(f"{k}: {v}" for k, v in counts.items()))
+
+
+@policy.command("explain")
+@click.argument("rule")
+@click.option("--rules", "files", multiple=True, type=_FILE, help="Rule files (default: the stack's).")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def explain(ctx: Context, rule: str, files: tuple[Path, ...], as_json: bool) -> None:
+    """Show RULE's expanded condition, fields, event types and exceptions."""
+    paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
+    try:
+        ruleset = Ruleset.build(load_files(paths), default_registry(), strict=False)
+        explanation = explain_rule(ruleset, rule)
+    except CorralError as err:
+        fail(f"{err} (in {', '.join(str(p) for p in paths)})")
+    data = dataclasses.asdict(explanation)
+    if as_json:
+        emit_json(data)
+        return
+    for key in ("name", "status", "priority", "tags", "event_types_text", "fields", "macros",
+                "lists", "output", "file"):  # fmt: skip
+        out.print(f"[bold]{key}[/]: {data.get(key)}")
+    out.print(f"[bold]condition[/]:\n  {data['condition_with_exceptions']}", markup=True)
+    out.print(f"[bold]expanded[/]:\n  {data['expanded_condition']}", markup=True)
+
+
+@policy.command("test")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--rules", "files", multiple=True, type=_FILE)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def test(ctx: Context, directory: Path, files: tuple[Path, ...], as_json: bool) -> None:
+    """Run the YAML test cases in DIRECTORY in real sandboxes with the real sensor."""
+    from policies.runner import run_cases
+
+    paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
+    results = await run_cases(ctx.config, directory, paths, say=lambda m: click.echo(m, err=True))
+    if as_json:
+        emit_json([r.model_dump(mode="json") for r in results])
+    else:
+        for r in results:
+            out.print(r.summary(), style="green" if r.passed else "red", markup=False)
+        passed = sum(r.passed for r in results)
+        out.print(f"{passed} passed, {len(results) - passed} failed")
+    if not all(r.passed for r in results):
+        raise SystemExit(1)
+
+
+COMMANDS = [policy]

@@ -1,0 +1,356 @@
+"""The Python SDK for trainers.
+
+    async with await Corral.connect() as corral:
+        episode = await corral.start_episode(EpisodeSpec(image="busybox", interactive=True))
+        result = await episode.exec(["echo", "hi"])
+        await episode.write_file("/workspace/a.txt", "data")
+        final = await episode.finish()
+
+        async for result in corral.run_batch(spec, n=1000, concurrency=50):
+            ...
+
+Everything goes through Temporal: an episode is a workflow, interactive calls
+are Updates that return when the step is done, on-call actions are signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus as Status,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from corral.errors import (
+    EpisodeCancelled,
+    EpisodeError,
+    EpisodeFailed,
+    EpisodeKilled,
+    EpisodeNotFound,
+    EpisodeRejected,
+    EpisodeTerminated,
+    EpisodeTimedOut,
+    InvalidEpisodeSpec,
+)
+from workers.config import StackConfig, describe_validation_error, load_config
+from workers.temporal import connect
+from workflows.episode import EpisodeWorkflow
+from workflows.models import (
+    EpisodeInput,
+    EpisodeResult,
+    EpisodeSpec,
+    EpisodeStatus,
+    ExecRequest,
+    FileContent,
+    OnCallRequest,
+    ReadFileRequest,
+    StepResult,
+    WriteFileRequest,
+)
+
+_ERROR_TYPES: dict[str, type[EpisodeError]] = {
+    "EpisodeKilled": EpisodeKilled,
+    "EpisodeTimedOut": EpisodeTimedOut,
+}
+_STATE = SearchAttributeKey.for_keyword("EpisodeState")
+_TENANT = SearchAttributeKey.for_keyword("Tenant")
+_IMAGE = SearchAttributeKey.for_keyword("SandboxImage")
+
+
+def parse_spec(spec: EpisodeSpec | dict[str, Any]) -> EpisodeSpec:
+    if isinstance(spec, EpisodeSpec):
+        return spec
+    try:
+        return EpisodeSpec.model_validate(spec)
+    except ValidationError as err:
+        raise InvalidEpisodeSpec(f"invalid episode spec: {describe_validation_error(err)}") from err
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """One row of `Corral.list_episodes`, from Temporal's visibility store."""
+
+    episode_id: str
+    status: str
+    state: str
+    image: str
+    tenant: str
+    node: str
+    anomaly_rules: list[str]
+    start_time: datetime | None
+    close_time: datetime | None
+
+
+class Episode:
+    """A handle on one episode; cheap, holds nothing but the workflow handle."""
+
+    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+        self._handle = handle
+        self.id = handle.id
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: str | None = None,
+    ) -> StepResult:
+        """Run one command in the sandbox and return its result (never raises on exit code)."""
+        request = ExecRequest(cmd=cmd, timeout_s=timeout_s, env=env or {}, workdir=workdir,
+                              stdin=stdin)  # fmt: skip
+        result: StepResult = await self._update("exec", request, StepResult)
+        return result
+
+    async def write_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        request = WriteFileRequest(path=path, content_b64=base64.b64encode(data).decode(),
+                                   mode=mode)  # fmt: skip
+        await self._update("write_file", request, None)
+
+    async def read_file(self, path: str, *, max_bytes: int = 1_048_576) -> bytes:
+        content: FileContent = await self._update(
+            "read_file", ReadFileRequest(path=path, max_bytes=max_bytes), FileContent
+        )
+        return base64.b64decode(content.content_b64)
+
+    async def finish(self) -> EpisodeResult:
+        """End an interactive episode: run its reward, tear down, return the result."""
+        await self._update("finish", None, None)
+        return await self.result()
+
+    async def result(self) -> EpisodeResult:
+        """Wait for the end; raises the typed `EpisodeError` unless it completed."""
+        try:
+            result: EpisodeResult = await self._handle.result()
+            return result
+        except WorkflowFailureError as err:
+            raise _episode_error(err) from err
+        except RPCError as err:
+            raise _rpc_error(self.id, err) from err
+
+    async def status(self) -> EpisodeStatus:
+        try:
+            status: EpisodeStatus = await self._handle.query(
+                EpisodeWorkflow.status, result_type=EpisodeStatus
+            )
+            return status
+        except RPCError as err:
+            raise _rpc_error(self.id, err) from err
+
+    async def steps(self) -> list[StepResult]:
+        steps: list[StepResult] = await self._handle.query(
+            EpisodeWorkflow.steps, result_type=list[StepResult]
+        )
+        return steps
+
+    async def kill(self, reason: str = "", by: str = "") -> None:
+        await self._signal("kill", OnCallRequest(reason=reason, by=by))
+
+    async def release(self, reason: str = "", by: str = "") -> None:
+        await self._signal("release", OnCallRequest(reason=reason, by=by))
+
+    async def cancel(self) -> None:
+        await self._handle.cancel()
+
+    async def _signal(self, name: str, arg: OnCallRequest) -> None:
+        try:
+            await self._handle.signal(name, arg)
+        except RPCError as err:
+            raise _rpc_error(self.id, err) from err
+
+    async def _update(self, name: str, arg: Any, result_type: type | None) -> Any:
+        try:
+            args = [] if arg is None else [arg]
+            return await self._handle.execute_update(name, args=args, result_type=result_type)
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            message = getattr(cause, "message", None) or str(cause or err)
+            raise EpisodeRejected(f"episode {self.id} refused {name}: {message}") from err
+        except RPCError as err:
+            raise _rpc_error(self.id, err) from err
+
+
+class Corral:
+    """A connection to Corral's Temporal namespace, with the stack's settings."""
+
+    def __init__(self, client: Client, config: StackConfig) -> None:
+        self.client = client
+        self.config = config
+
+    @classmethod
+    async def connect(cls, config: StackConfig | None = None) -> Corral:
+        config = config or load_config()
+        return cls(await connect(config), config)
+
+    async def __aenter__(self) -> Corral:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def _input(self, spec: EpisodeSpec, node: str | None) -> EpisodeInput:
+        return EpisodeInput(
+            spec=spec,
+            nodes=self.config.node_names(),
+            node_task_queue_prefix=self.config.workers.node_task_queue_prefix,
+            node=node,
+        )
+
+    async def start_episode(
+        self,
+        spec: EpisodeSpec | dict[str, Any],
+        *,
+        episode_id: str | None = None,
+        node: str | None = None,
+    ) -> Episode:
+        spec = parse_spec(spec)
+        if node is not None and node not in self.config.node_names():
+            raise InvalidEpisodeSpec(
+                f"node {node!r} is not one of {', '.join(self.config.node_names())}"
+            )
+        episode_id = episode_id or f"ep-{uuid.uuid4().hex[:16]}"
+        steps = len(spec.steps)
+        summary = f"{spec.image}: {steps} step{'s' * (steps != 1)}" + (
+            ", interactive" if spec.interactive else ""
+        )
+        handle = await self.client.start_workflow(
+            EpisodeWorkflow.run,
+            self._input(spec, node),
+            id=episode_id,
+            task_queue=self.config.workers.workflow_task_queue,
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(_STATE, "pending"),
+                SearchAttributePair(_TENANT, spec.tenant),
+                SearchAttributePair(_IMAGE, spec.image),
+            ]),  # fmt: skip
+            static_summary=summary,
+            static_details=f"tenant `{spec.tenant}`; labels {spec.labels or '{}'}",
+        )
+        return Episode(handle)
+
+    def episode(self, episode_id: str) -> Episode:
+        return Episode(self.client.get_workflow_handle(episode_id))
+
+    async def run_episode(self, spec: EpisodeSpec | dict[str, Any], **kwargs: Any) -> EpisodeResult:
+        """Start one episode and wait for its result (raises unless it completed)."""
+        episode = await self.start_episode(spec, **kwargs)
+        return await episode.result()
+
+    async def run_batch(
+        self,
+        spec: EpisodeSpec | dict[str, Any],
+        *,
+        n: int,
+        concurrency: int,
+        id_prefix: str | None = None,
+    ) -> AsyncIterator[EpisodeResult]:
+        """Run `n` episodes, at most `concurrency` at once, yielding results as they end.
+
+        Failed, killed and timed-out episodes are yielded too (see `outcome`);
+        a batch never stops at the first failure.
+        """
+        spec = parse_spec(spec)
+        if n < 1 or concurrency < 1:
+            raise InvalidEpisodeSpec("n and concurrency must be at least 1")
+        prefix = id_prefix or f"batch-{uuid.uuid4().hex[:10]}"
+        queue: asyncio.Queue[EpisodeResult] = asyncio.Queue()
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(index: int) -> None:
+            async with limit:
+                queue.put_nowait(await self._batch_episode(spec, f"{prefix}-{index:06d}"))
+
+        tasks = [asyncio.create_task(one(i)) for i in range(n)]
+        try:
+            for _ in range(n):
+                yield await queue.get()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _batch_episode(self, spec: EpisodeSpec, episode_id: str) -> EpisodeResult:
+        try:
+            return await self.run_episode(spec, episode_id=episode_id)
+        except EpisodeError as err:
+            return err.result or EpisodeResult(
+                episode_id=episode_id, outcome="failed", reason=str(err), image=spec.image
+            )
+        except Exception as err:  # noqa: BLE001 - one broken episode must not end a batch
+            return EpisodeResult(episode_id=episode_id, outcome="failed",
+                                 reason=" ".join(str(err).split())[:300], image=spec.image)  # fmt: skip
+
+    async def list_episodes(self, query: str | None = None, limit: int = 100) -> list[EpisodeSummary]:
+        """Episodes from Temporal's visibility, newest first (a List Filter `query`)."""
+        base = "WorkflowType = 'EpisodeWorkflow'"
+        full = f"{base} AND ({query})" if query else base
+        rows: list[EpisodeSummary] = []
+        async for wf in self.client.list_workflows(full, limit=limit):
+            attrs = wf.typed_search_attributes
+            rows.append(EpisodeSummary(
+                episode_id=wf.id,
+                status=wf.status.name if wf.status else "UNKNOWN",
+                state=attrs.get(_STATE) or "",
+                image=attrs.get(_IMAGE) or "",
+                tenant=attrs.get(_TENANT) or "",
+                node=attrs.get(SearchAttributeKey.for_keyword("SandboxNode")) or "",
+                anomaly_rules=list(attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule"))
+                                   or []),
+                start_time=wf.start_time,
+                close_time=wf.close_time,
+            ))  # fmt: skip
+        return rows
+
+    async def is_running(self, episode_id: str) -> bool:
+        desc = await self.client.get_workflow_handle(episode_id).describe()
+        return desc.status == Status.RUNNING
+
+
+def _episode_error(err: WorkflowFailureError) -> EpisodeError:
+    cause = err.cause
+    if isinstance(cause, CancelledError):
+        return EpisodeCancelled(f"episode {err} was cancelled")
+    if isinstance(cause, TerminatedError):
+        return EpisodeTerminated(f"episode was terminated: {cause.message}")
+    if isinstance(cause, ApplicationError):
+        result = _result_from_details(cause)
+        kind = _ERROR_TYPES.get(cause.type or "", EpisodeFailed)
+        if result is not None and result.outcome == "timed_out":
+            kind = EpisodeTimedOut
+        return kind(cause.message, result)
+    return EpisodeFailed(str(cause or err))
+
+
+def _result_from_details(cause: ApplicationError) -> EpisodeResult | None:
+    if not cause.details:
+        return None
+    try:
+        return EpisodeResult.model_validate(cause.details[0])
+    except ValidationError:
+        return None
+
+
+def _rpc_error(episode_id: str, err: RPCError) -> Exception:
+    if err.status == RPCStatusCode.NOT_FOUND:
+        return EpisodeNotFound(f"no episode {episode_id!r}")
+    return err
+
+
+__all__ = ["Corral", "Episode", "EpisodeSummary", "WorkflowExecutionStatus", "parse_spec"]

@@ -1,0 +1,232 @@
+"""Loading `temporal-dev.yaml` into one typed `StackConfig`.
+
+Every Corral process (CLI, workers, sensor, intake, tests) reads its settings
+through `load_config()`, so pointing a node at a Temporal cluster is a change
+of configuration or environment, never of code. Environment variables named
+in the YAML's comments override the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandbox.errors import CorralError
+
+CONFIG_ENV = "CORRAL_CONFIG"
+DEFAULT_CONFIG_NAME = "temporal-dev.yaml"
+
+
+class ConfigError(CorralError):
+    """The stack configuration file is missing or malformed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DevServerConfig(_Strict):
+    enabled: bool = True
+    ui_port: int = 8233
+    metrics_port: int = 9233
+    db_file: str = "temporal.sqlite"
+    search_attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class TemporalConfig(_Strict):
+    address: str = "127.0.0.1:7233"
+    namespace: str = "corral"
+    tls: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    api_key: str | None = None
+    dev_server: DevServerConfig = Field(default_factory=DevServerConfig)
+
+
+class NodesConfig(_Strict):
+    count: int = Field(default=1, ge=1, le=16)
+    containerd_namespace: str = "corral"
+    snapshotter: str = "overlayfs"
+    runtime: str = "io.containerd.runc.v2"
+
+
+class WorkersConfig(_Strict):
+    workflow_task_queue: str = "corral-episodes"
+    node_task_queue_prefix: str = "corral-node-"
+    metrics_port_base: int = 9460
+
+
+class IntakeConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token_env: str = "CORRAL_INTAKE_TOKEN"
+
+
+class SensorConfig(_Strict):
+    enabled: bool = True
+    rules: list[str] = Field(default_factory=lambda: ["policies/rules/corral_rules.yaml"])
+    responses: str = "policies/responses.yaml"
+
+
+class ObservabilityConfig(_Strict):
+    traces: str = "file"
+    otlp_endpoint: str | None = None
+    records_dir: str = "records"
+
+
+class StackConfig(_Strict):
+    """The whole local stack; paths are resolved against `root`."""
+
+    root: Path = Field(default_factory=Path.cwd, exclude=True)
+    state_dir: Path = Path(".state/stack")
+    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+    nodes: NodesConfig = Field(default_factory=NodesConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    intake: IntakeConfig = Field(default_factory=IntakeConfig)
+    sensor: SensorConfig = Field(default_factory=SensorConfig)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+
+    # --- derived locations, all under the state directory -----------------
+    @property
+    def state(self) -> Path:
+        path = self.state_dir if self.state_dir.is_absolute() else self.root / self.state_dir
+        return path.resolve()
+
+    def node_names(self) -> list[str]:
+        return [f"node-{i}" for i in range(1, self.nodes.count + 1)]
+
+    def node_dir(self, node: str) -> Path:
+        return self.state / "nodes" / node
+
+    def containerd_socket(self, node: str) -> Path:
+        return self.node_dir(node) / "containerd" / "containerd.sock"
+
+    def node_task_queue(self, node: str) -> str:
+        return f"{self.workers.node_task_queue_prefix}{node}"
+
+    def metrics_ports(self, node: str | None = None) -> tuple[int, int]:
+        """(Corral's OpenTelemetry port, Temporal SDK port) of one process.
+
+        The workflow worker takes the first pair, node N the pair after N-1 others.
+        """
+        index = 0 if node is None else self.node_names().index(node) + 1
+        base = self.workers.metrics_port_base + 2 * index
+        return base, base + 1
+
+    @property
+    def records_dir(self) -> Path:
+        return self.state / self.observability.records_dir
+
+    @property
+    def traces_file(self) -> Path:
+        return self.state / "traces.jsonl"
+
+    @property
+    def intake_token_file(self) -> Path:
+        return self.state / "intake.token"
+
+    @property
+    def ui_url(self) -> str:
+        host = self.temporal.address.rsplit(":", 1)[0]
+        return f"http://{host}:{self.temporal.dev_server.ui_port}/namespaces/{self.temporal.namespace}/workflows"
+
+    def resolve(self, path: str | Path) -> Path:
+        """A path from the config file, relative to the repository root."""
+        p = Path(path)
+        return p if p.is_absolute() else (self.root / p).resolve()
+
+    def intake_token(self) -> str | None:
+        token = os.environ.get(self.intake.token_env)
+        if token:
+            return token
+        if self.intake_token_file.exists():
+            return self.intake_token_file.read_text().strip() or None
+        return None
+
+
+_ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "CORRAL_STATE_DIR": ("state_dir",),
+    "CORRAL_TEMPORAL_ADDRESS": ("temporal", "address"),
+    "CORRAL_TEMPORAL_NAMESPACE": ("temporal", "namespace"),
+    "CORRAL_TEMPORAL_TLS": ("temporal", "tls"),
+    "CORRAL_TEMPORAL_TLS_CERT": ("temporal", "tls_cert"),
+    "CORRAL_TEMPORAL_TLS_KEY": ("temporal", "tls_key"),
+    "CORRAL_TEMPORAL_API_KEY": ("temporal", "api_key"),
+    "CORRAL_TEMPORAL_UI_PORT": ("temporal", "dev_server", "ui_port"),
+    "CORRAL_NODES": ("nodes", "count"),
+    "CORRAL_INTAKE_PORT": ("intake", "port"),
+    "CORRAL_TRACES": ("observability", "traces"),
+    "CORRAL_OTLP_ENDPOINT": ("observability", "otlp_endpoint"),
+}
+
+
+def _apply_env(data: dict[str, Any], env: dict[str, str]) -> None:
+    for var, path in _ENV_OVERRIDES.items():
+        if var not in env:
+            continue
+        node = data
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = env[var]
+
+
+def find_config(start: Path | None = None) -> Path:
+    """`$CORRAL_CONFIG`, else the nearest `temporal-dev.yaml` upwards from `start`."""
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV]).resolve()
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / DEFAULT_CONFIG_NAME
+        if candidate.exists():
+            return candidate
+    # Fall back to the repository this package was installed from (editable install).
+    repo = Path(__file__).resolve().parents[1] / DEFAULT_CONFIG_NAME
+    if repo.exists():
+        return repo
+    raise ConfigError(f"no {DEFAULT_CONFIG_NAME} found from {here} upwards; set {CONFIG_ENV}")
+
+
+def load_config(path: Path | None = None, env: dict[str, str] | None = None) -> StackConfig:
+    config_path = path or find_config()
+    try:
+        data = yaml.safe_load(config_path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{config_path}: cannot read: {_one_line(exc)}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config_path}: expected a mapping at the top level")
+    _apply_env(data, dict(os.environ) if env is None else env)
+    try:
+        config = StackConfig(root=config_path.parent, **data)
+    except ValidationError as exc:
+        raise ConfigError(f"{config_path}: {describe_validation_error(exc)}") from exc
+    return _with_running_node_count(config, env)
+
+
+def _with_running_node_count(config: StackConfig, env: dict[str, str] | None) -> StackConfig:
+    """`corral up --nodes N` records N; later commands talk to those N nodes."""
+    if "CORRAL_NODES" in (os.environ if env is None else env):
+        return config
+    stack_file = config.state / "stack.json"
+    try:
+        count = int(json.loads(stack_file.read_text())["nodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return config
+    return config.model_copy(update={"nodes": config.nodes.model_copy(update={"count": count})})
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming each bad field and why, from a pydantic error."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,86 @@
+"""The node worker: serves one node's task queue with that node's containerd.
+
+    python -m workers.node_worker --node node-1
+
+It also watches containerd's event stream for OOM kills (counted in metrics)
+and flushes episode records to the analysis store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+
+from temporalio.worker import Worker
+
+from activities.node import NodeActivities
+from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
+from observability.records import RecordWriter
+from observability.tracing import flush_tracing, setup_tracing
+from sandbox import Containerd
+from workers.config import StackConfig, load_config
+from workers.temporal import connect
+
+log = logging.getLogger("corral.node")
+
+
+async def watch_ooms(containerd: Containerd, node: str, metrics: Metrics) -> None:
+    async for event in containerd.events(("/tasks/oom",)):
+        log.warning("OOM kill in sandbox %s on %s", event.sandbox_id, node)
+        metrics.record_oom_kill(node)
+
+
+async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -> None:
+    setup_tracing(f"corral-node-{node}", exporter=config.observability.traces,
+                  path=config.traces_file, otlp_endpoint=config.observability.otlp_endpoint)
+    otel_port, sdk_port = config.metrics_ports(node)
+    metrics = setup_metrics(f"corral-node-{node}", prometheus_port=otel_port)
+    client = await connect(config, runtime=temporal_runtime_with_prometheus(sdk_port))
+    containerd = await Containerd.connect(
+        str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+    )
+    records = RecordWriter(config.records_dir)
+    node_activities = NodeActivities(
+        node, containerd, config.node_dir(node), temporal=client, records=records, metrics=metrics
+    )
+    oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
+    try:
+        worker = Worker(
+            client,
+            task_queue=config.node_task_queue(node),
+            activities=node_activities.activities(),
+            max_concurrent_activities=500,
+        )
+        async with worker:
+            await stop.wait()
+    finally:
+        oom_watch.cancel()
+        records.close()
+        await containerd.close()
+        metrics.close()
+        flush_tracing()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Corral node worker")
+    parser.add_argument("--node", required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = load_config()
+    stop = asyncio.Event()
+
+    async def _run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_node_worker(config, args.node, stop)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_run())
+
+
+if __name__ == "__main__":
+    main()

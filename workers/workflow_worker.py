@@ -1,0 +1,53 @@
+"""The workflow worker: runs Corral's deterministic workflows (no sandbox I/O).
+
+    python -m workers.workflow_worker
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+from temporalio.worker import Worker
+
+from observability.metrics import temporal_runtime_with_prometheus
+from observability.tracing import flush_tracing, setup_tracing
+from workers.config import StackConfig, load_config
+from workers.temporal import connect
+from workflows import WORKFLOWS
+
+
+async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
+    setup_tracing("corral-workflow-worker", exporter=config.observability.traces,
+                  path=config.traces_file, otlp_endpoint=config.observability.otlp_endpoint)
+    _, sdk_port = config.metrics_ports()
+    runtime = temporal_runtime_with_prometheus(sdk_port)
+    client = await connect(config, runtime=runtime)
+    worker = Worker(
+        client,
+        task_queue=config.workers.workflow_task_queue,
+        workflows=WORKFLOWS,
+        max_concurrent_workflow_tasks=200,
+    )
+    async with worker:
+        await stop.wait()
+    flush_tracing()
+
+
+def main() -> None:
+    config = load_config()
+    stop = asyncio.Event()
+
+    async def _run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_workflow_worker(config, stop)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,611 @@
+"""`EpisodeWorkflow`: one agent episode in one sandbox, durable end to end.
+
+The run coroutine is a supervisor. It places and provisions the sandbox, then
+drives the episode body (scripted steps, interactive Updates, the reward) as
+a child task while it watches three things the body cannot: the maximum
+lifetime timer, anomaly signals from the alert intake, and on-call `kill` /
+`release` signals. Teardown happens in `finally`, on every path except
+continue-as-new, which hands the live sandbox to the next run.
+
+No I/O here: every side effect is an activity on the node's task queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from activities.node import NodeActivities
+    from policies.alert import ANOMALY_SIGNAL
+    from workflows.models import (
+        AlertSummary,
+        CarriedState,
+        EpisodeInput,
+        EpisodeResult,
+        EpisodeStatus,
+        ExecRequest,
+        ExecStepInput,
+        FileContent,
+        NodeLoad,
+        OnCallRequest,
+        ProvisionInput,
+        ReadFileInput,
+        ReadFileRequest,
+        RecordEpisodeInput,
+        SandboxRef,
+        Step,
+        StepResult,
+        WriteFileInput,
+        WriteFileRequest,
+    )
+
+EPISODE_STATE = SearchAttributeKey.for_keyword("EpisodeState")
+SANDBOX_NODE = SearchAttributeKey.for_keyword("SandboxNode")
+SANDBOX_IMAGE = SearchAttributeKey.for_keyword("SandboxImage")
+ANOMALY_RULE = SearchAttributeKey.for_keyword_list("AnomalyRule")
+TENANT = SearchAttributeKey.for_keyword("Tenant")
+
+# Errors that no retry can fix: fail the provision at once.
+NON_RETRYABLE = ["InvalidSpec", "ImageNotFound", "SandboxPaused", "SandboxNotFound"]
+# Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
+MAX_STEPS_PER_RUN = 400
+
+
+def sandbox_id_for(workflow_id: str) -> str:
+    """Deterministic sandbox id: a retried provision finds the same sandbox.
+
+    64 hex digits, like the container ids Falco's container plugin reports, so
+    `container.id` (the first 12) and `container.full_id` mean the same here
+    as under real Falco. The workflow id travels in the container's labels.
+    """
+    return hashlib.sha256(workflow_id.encode()).hexdigest()
+
+
+class _Killed(Exception):
+    """Raised inside the workflow to end the episode now (rule, on-call or timer)."""
+
+    def __init__(self, reason: str, rule: str | None, outcome: str = "killed") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.rule = rule
+        self.outcome = outcome
+
+
+@workflow.defn
+class EpisodeWorkflow:
+    @workflow.init
+    def __init__(self, input: EpisodeInput) -> None:
+        info = workflow.info()
+        carried = input.carried
+        self._input = input
+        self._spec = input.spec
+        self._sandbox_id = carried.sandbox_id if carried else sandbox_id_for(info.workflow_id)
+        self._node = carried.node if carried else (input.node or "")
+        self._state = "running" if carried else "pending"
+        self._steps: list[StepResult] = list(carried.steps) if carried else []
+        self._next_index = carried.next_index if carried else 0
+        self._alerts: list[AlertSummary] = list(carried.alerts) if carried else []
+        self._provision_s = carried.provision_s if carried else 0.0
+        self._started_at = carried.started_at if carried else workflow.now()
+        self._scripted_done = carried.scripted_done if carried else False
+        self._ready = carried is not None
+        self._finish_requested = carried.finishing if carried else False
+        self._quarantined = False
+        self._release_requested = False
+        self._kill: _Killed | None = None
+        self._pending_quarantine: list[dict[str, Any]] = []
+        self._steps_this_run = 0
+        self._activity_seq = 0
+        self._last_activity = workflow.now()
+        self._reason = ""
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ run
+    @workflow.run
+    async def run(self, input: EpisodeInput) -> EpisodeResult:
+        continuing = False
+        outcome, reason = "completed", ""
+        reward: StepResult | None = None
+        result: EpisodeResult | None = None
+        try:
+            if input.carried is None:
+                await self._provision()
+            self._set_state("running")
+            body = asyncio.create_task(self._body())
+            await self._supervise(body)
+            reward = body.result()
+            if reward is not None and not reward.ok:
+                outcome, reason = "failed", f"reward command exited {reward.exit_code}"
+            if self._wants_continue_as_new():
+                continuing = True
+        except _Killed as killed:
+            outcome, reason = killed.outcome, killed.reason
+        except asyncio.CancelledError:
+            outcome, reason = "cancelled", "episode cancelled"
+            raise
+        except ApplicationError as err:
+            outcome, reason = _outcome_of(err), str(err.message)
+        except ActivityError as err:
+            outcome, reason = "failed", _cause_message(err)
+        finally:
+            if not continuing:
+                result = await self._close(outcome, reason, reward)
+        if result is None:  # only continue-as-new skips closing
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._carry())
+        return self._raise_or_return(result)
+
+    def _raise_or_return(self, result: EpisodeResult) -> EpisodeResult:
+        """Killed and failed episodes fail the workflow, so the Web UI shows them red."""
+        if result.outcome == "completed":
+            return result
+        error_type = {"killed": "EpisodeKilled", "timed_out": "EpisodeTimedOut"}.get(
+            result.outcome, "EpisodeFailed"
+        )
+        raise ApplicationError(
+            result.reason, result.model_dump(mode="json"), type=error_type, non_retryable=True
+        )
+
+    async def _supervise(self, body: asyncio.Task[StepResult | None]) -> None:
+        """Wait for the body while honouring lifetime, kills and quarantines."""
+        try:
+            await self._watch(body)
+        except asyncio.CancelledError:
+            body.cancel()  # the workflow was cancelled: stop the body too
+            await _settle(body)
+            raise
+
+    async def _watch(self, body: asyncio.Task[StepResult | None]) -> None:
+        deadline = self._started_at + timedelta(seconds=self._spec.timeouts.max_lifetime_s)
+        while not body.done():
+            if self._kill is None and self._pending_quarantine:
+                await self._quarantine(self._pending_quarantine.pop(0))
+                continue
+            if self._kill is not None:
+                body.cancel()
+                await _settle(body)
+                raise self._kill
+            remaining = (deadline - workflow.now()).total_seconds()
+            if remaining <= 0:
+                lifetime = self._spec.timeouts.max_lifetime_s
+                self._kill = _Killed(f"maximum lifetime of {lifetime:g} s reached", None, "timed_out")
+                continue
+            try:
+                await workflow.wait_condition(
+                    lambda: body.done() or self._kill is not None or bool(self._pending_quarantine),
+                    timeout=timedelta(seconds=remaining),
+                )
+            except TimeoutError:
+                continue
+        if self._kill is not None:
+            raise self._kill
+        body.result()  # re-raise what the body raised
+
+    # ---------------------------------------------------------------- phases
+    async def _provision(self) -> None:
+        self._set_state("placing")
+        if not self._node:
+            self._node = await self._place()
+        self._set_state("provisioning")
+        info = workflow.info()
+        labels = {
+            "corral.workflow_id": info.workflow_id,
+            "corral.run_id": info.run_id,
+            "corral.tenant": self._spec.tenant,
+            "corral.node": self._node,
+            **{f"corral.label.{k}": v for k, v in self._spec.labels.items()},
+        }
+        result = await self._node_activity(
+            NodeActivities.provision,
+            ProvisionInput(sandbox_id=self._sandbox_id, spec=self._spec, labels=labels),
+            timeout_s=300,
+            attempts=4,
+        )
+        self._provision_s = result.provision_s
+        for spec_file in self._spec.files:
+            request = WriteFileRequest(
+                path=spec_file.path,
+                content_b64=base64.b64encode(spec_file.content.encode()).decode(),
+                mode=spec_file.mode,
+            )
+            await self._node_activity(
+                NodeActivities.write_file,
+                WriteFileInput(sandbox_id=self._sandbox_id, request=request),
+                timeout_s=60,
+            )
+        self._ready = True
+
+    async def _place(self) -> str:
+        """The less loaded of two random nodes (power of two choices)."""
+        nodes = self._input.nodes
+        if len(nodes) == 1:
+            return nodes[0]
+        rng = workflow.random()
+        candidates = rng.sample(nodes, 2)
+        loads = await asyncio.gather(
+            *(self._load_of(node) for node in candidates), return_exceptions=True
+        )
+        answered = [load for load in loads if isinstance(load, NodeLoad)]
+        if not answered:
+            raise ApplicationError(
+                f"no node answered for placement among {', '.join(candidates)}",
+                type="NoNodeAvailable",
+            )
+        return min(answered, key=NodeLoad.score).node
+
+    async def _load_of(self, node: str) -> NodeLoad:
+        return await workflow.execute_activity_method(
+            NodeActivities.load,
+            task_queue=self._queue(node),
+            schedule_to_close_timeout=timedelta(seconds=5),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+
+    async def _body(self) -> StepResult | None:
+        if not self._scripted_done:
+            for step in self._spec.steps[self._next_index :]:
+                await self._wait_unfrozen()
+                result = await self._run_step(step, "scripted")
+                if not result.ok:
+                    raise ApplicationError(
+                        f"step {result.index} `{result.cmd}` "
+                        + ("timed out" if result.timed_out else f"exited {result.exit_code}"),
+                        type="StepFailed",
+                        non_retryable=True,
+                    )
+            self._scripted_done = True
+        if self._spec.interactive:
+            if not await self._wait_for_finish():
+                return None  # continue-as-new is due: the next run goes on
+        await self._wait_unfrozen()
+        if self._spec.reward is None:
+            return None
+        async with self._lock:
+            return await self._run_step(self._spec.reward, "reward")
+
+    async def _wait_for_finish(self) -> bool:
+        """Idle TTL as a durable timer, reset by each interactive request."""
+        ttl = timedelta(seconds=self._spec.timeouts.idle_ttl_s)
+        while not self._finish_requested:
+            seen = self._activity_seq
+            try:
+                await workflow.wait_condition(
+                    lambda: self._finish_requested
+                    or self._activity_seq != seen
+                    or self._wants_continue_as_new(),
+                    timeout=ttl,
+                )
+            except TimeoutError:
+                if not self._quarantined:  # quarantine has its own timer
+                    raise ApplicationError(
+                        f"idle for {self._spec.timeouts.idle_ttl_s:g} s with no request",
+                        type="IdleTimeout",
+                        non_retryable=True,
+                    ) from None
+            if self._wants_continue_as_new() and not self._lock.locked():
+                return False
+        return True
+
+    async def _wait_unfrozen(self) -> None:
+        await workflow.wait_condition(lambda: not self._quarantined)
+
+    async def _run_step(self, step: Step, source: str) -> StepResult:
+        index = self._next_index
+        self._next_index += 1
+        self._touch()
+        result: StepResult = await self._node_activity(
+            NodeActivities.exec_step,
+            ExecStepInput(
+                sandbox_id=self._sandbox_id,
+                step=step,
+                index=index,
+                source=source,  # type: ignore[arg-type]
+                default_timeout_s=self._spec.timeouts.step_s,
+                output_limit_bytes=self._spec.output_limit_bytes,
+                base_env=self._spec.env,
+            ),
+            timeout_s=(step.timeout_s or self._spec.timeouts.step_s) + 60,
+        )
+        self._steps.append(result)
+        self._steps_this_run += 1
+        self._touch()
+        return result
+
+    # -------------------------------------------------------------- anomalies
+    @workflow.signal(name=ANOMALY_SIGNAL)
+    def anomaly(self, payload: dict[str, Any]) -> None:
+        alert = payload.get("alert") or {}
+        decision = payload.get("decision") or {}
+        action = str(decision.get("action", "notify"))
+        rule = str(alert.get("rule") or decision.get("rule") or "unknown rule")
+        self._alerts.append(
+            AlertSummary(
+                rule=rule,
+                priority=str(alert.get("priority", "")),
+                action=action,
+                time=alert.get("time"),
+                output=str(alert.get("output", ""))[:1000],
+            )
+        )
+        self._upsert(ANOMALY_RULE.value_set(sorted({a.rule for a in self._alerts})))
+        if action == "kill":
+            self._kill = self._kill or _Killed(f"killed by rule '{rule}'", rule)
+        elif action == "quarantine" and not decision.get("dry_run"):
+            self._pending_quarantine.append({"rule": rule, **decision})
+
+    async def _quarantine(self, decision: dict[str, Any]) -> None:
+        if self._quarantined or not self._ready:
+            return
+        rule = decision["rule"]
+        await self._node_activity(
+            NodeActivities.freeze, SandboxRef(sandbox_id=self._sandbox_id), timeout_s=30
+        )
+        self._quarantined, self._release_requested = True, False
+        self._reason = f"quarantined by rule '{rule}'"
+        self._set_state("quarantined")
+        timeout_s = float(
+            (decision.get("parameters") or {}).get("timeout_s", self._spec.timeouts.quarantine_s)
+        )
+        try:
+            await workflow.wait_condition(
+                lambda: self._release_requested or self._kill is not None,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        except TimeoutError:
+            self._kill = _Killed(
+                f"quarantine by rule '{rule}' timed out after {timeout_s:g} s", rule
+            )
+        if self._kill is None:
+            await self._node_activity(
+                NodeActivities.thaw, SandboxRef(sandbox_id=self._sandbox_id), timeout_s=30
+            )
+            self._quarantined, self._reason = False, ""
+            self._set_state("running")
+
+    @workflow.signal
+    def release(self, request: OnCallRequest) -> None:
+        """On-call: let a quarantined episode go on."""
+        self._release_requested = True
+
+    @workflow.signal
+    def kill(self, request: OnCallRequest) -> None:
+        """On-call: end the episode now, tearing the sandbox down."""
+        who = f" by {request.by}" if request.by else ""
+        why = f": {request.reason}" if request.reason else ""
+        self._kill = self._kill or _Killed(f"killed by on-call{who}{why}", None)
+
+    # ------------------------------------------------------------- updates
+    @workflow.update(name="exec")
+    async def exec_update(self, request: ExecRequest) -> StepResult:
+        await workflow.wait_condition(lambda: self._ready)
+        async with self._lock:
+            await self._wait_unfrozen()
+            self._check_open()
+            return await self._run_step(request.as_step(), "interactive")
+
+    @exec_update.validator
+    def _validate_exec(self, request: ExecRequest) -> None:
+        self._check_open()
+
+    @workflow.update
+    async def write_file(self, request: WriteFileRequest) -> None:
+        await workflow.wait_condition(lambda: self._ready)
+        async with self._lock:
+            self._touch()
+            await self._node_activity(
+                NodeActivities.write_file,
+                WriteFileInput(sandbox_id=self._sandbox_id, request=request),
+                timeout_s=60,
+            )
+
+    @write_file.validator
+    def _validate_write_file(self, request: WriteFileRequest) -> None:
+        self._check_open()
+        base64.b64decode(request.content_b64, validate=True)
+
+    @workflow.update
+    async def read_file(self, request: ReadFileRequest) -> FileContent:
+        await workflow.wait_condition(lambda: self._ready)
+        async with self._lock:
+            self._touch()
+            content: FileContent = await self._node_activity(
+                NodeActivities.read_file,
+                ReadFileInput(sandbox_id=self._sandbox_id, request=request),
+                timeout_s=60,
+            )
+            return content
+
+    @read_file.validator
+    def _validate_read_file(self, request: ReadFileRequest) -> None:
+        self._check_open()
+
+    @workflow.update
+    async def finish(self) -> None:
+        """Ask the episode to compute its reward and end; returns at once."""
+        self._finish_requested = True
+        self._touch()
+
+    @finish.validator
+    def _validate_finish(self) -> None:
+        if not self._spec.interactive:
+            raise ValueError("episode is not interactive: it finishes by itself")
+        self._check_open()
+
+    def _check_open(self) -> None:
+        if self._kill is not None or self._state in ("closing", "closed"):
+            raise ValueError(f"episode is {self._state}: no more requests")
+        if self._finish_requested:
+            raise ValueError("episode is finishing: no more requests")
+        if self._quarantined:
+            raise ValueError(f"episode is quarantined ({self._reason}): release it first")
+
+    # ------------------------------------------------------------- queries
+    @workflow.query
+    def status(self) -> EpisodeStatus:
+        return EpisodeStatus(
+            episode_id=workflow.info().workflow_id,
+            state=self._state,
+            node=self._node,
+            sandbox_id=self._sandbox_id,
+            image=self._spec.image,
+            tenant=self._spec.tenant,
+            steps_done=len(self._steps),
+            anomaly_rules=sorted({a.rule for a in self._alerts}),
+            quarantined=self._quarantined,
+            last_activity=self._last_activity,
+            reason=self._reason,
+        )
+
+    @workflow.query
+    def steps(self) -> list[StepResult]:
+        return self._steps
+
+    # ------------------------------------------------------------- closing
+    async def _close(self, outcome: str, reason: str, reward: StepResult | None) -> EpisodeResult:
+        self._reason = reason
+        self._set_state("closing")
+        teardown_s = 0.0
+        if self._node:
+            teardown_s = await self._teardown()
+        result = EpisodeResult(
+            episode_id=workflow.info().workflow_id,
+            outcome=outcome,  # type: ignore[arg-type]
+            reason=reason,
+            node=self._node,
+            sandbox_id=self._sandbox_id,
+            image=self._spec.image,
+            tenant=self._spec.tenant,
+            steps=self._steps,
+            reward=reward,
+            alerts=self._alerts,
+            started_at=self._started_at,
+            ended_at=workflow.now(),
+            provision_s=self._provision_s,
+            teardown_s=teardown_s,
+        )
+        self._set_state(outcome)
+        await self._record(result)
+        return result
+
+    async def _teardown(self) -> float:
+        """Always attempted; if the node is gone, the janitor reaps the sandbox."""
+        try:
+            done = await self._node_activity(
+                NodeActivities.teardown, SandboxRef(sandbox_id=self._sandbox_id), timeout_s=120
+            )
+            return float(done.teardown_s)
+        except ActivityError as err:
+            workflow.logger.warning("teardown of %s failed: %s", self._sandbox_id, err)
+            return 0.0
+
+    async def _record(self, result: EpisodeResult) -> None:
+        info = workflow.info()
+        try:
+            await self._node_activity(
+                NodeActivities.record_episode,
+                RecordEpisodeInput(result=result, workflow_id=info.workflow_id, run_id=info.run_id),
+                timeout_s=30,
+                attempts=3,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("recording %s failed: %s", info.workflow_id, err)
+
+    # -------------------------------------------------------- continue-as-new
+    def _wants_continue_as_new(self) -> bool:
+        return self._ready and (
+            workflow.info().is_continue_as_new_suggested()
+            or self._steps_this_run >= MAX_STEPS_PER_RUN
+        )
+
+    def _carry(self) -> EpisodeInput:
+        carried = CarriedState(
+            sandbox_id=self._sandbox_id,
+            node=self._node,
+            started_at=self._started_at,
+            provision_s=self._provision_s,
+            # Outputs stay in this run's history; the next run keeps the log's shape.
+            steps=[step.summary() for step in self._steps],
+            next_index=self._next_index,
+            alerts=self._alerts,
+            finishing=self._finish_requested,
+            scripted_done=self._scripted_done,
+        )
+        return self._input.model_copy(update={"carried": carried, "node": self._node})
+
+    # ------------------------------------------------------------- helpers
+    def _queue(self, node: str) -> str:
+        return f"{self._input.node_task_queue_prefix}{node}"
+
+    async def _node_activity(
+        self, method: Any, arg: Any, *, timeout_s: float, attempts: int = 3
+    ) -> Any:
+        return await workflow.execute_activity_method(
+            method,
+            arg,
+            task_queue=self._queue(self._node),
+            start_to_close_timeout=timedelta(seconds=timeout_s),
+            heartbeat_timeout=timedelta(seconds=15),
+            retry_policy=RetryPolicy(
+                maximum_attempts=attempts,
+                initial_interval=timedelta(milliseconds=200),
+                non_retryable_error_types=NON_RETRYABLE,
+            ),
+        )
+
+    def _touch(self) -> None:
+        self._activity_seq += 1
+        self._last_activity = workflow.now()
+
+    def _set_state(self, state: str) -> None:
+        self._state = state
+        self._upsert(
+            EPISODE_STATE.value_set(state),
+            TENANT.value_set(self._spec.tenant),
+            SANDBOX_IMAGE.value_set(self._spec.image),
+            *([SANDBOX_NODE.value_set(self._node)] if self._node else []),
+        )
+        workflow.upsert_memo(
+            {"state": state, "node": self._node, "sandbox_id": self._sandbox_id,
+             "reason": self._reason, "steps": len(self._steps)}
+        )
+        workflow.set_current_details(self._details())
+
+    def _details(self) -> str:
+        rules = ", ".join(sorted({a.rule for a in self._alerts})) or "none"
+        return (
+            f"**{self._state}** on `{self._node or '?'}`, sandbox `{self._sandbox_id}`, "
+            f"image `{self._spec.image}`, tenant `{self._spec.tenant}`; "
+            f"{len(self._steps)} steps; alerts: {rules}"
+            + (f"; {self._reason}" if self._reason else "")
+        )
+
+    def _upsert(self, *updates: Any) -> None:
+        workflow.upsert_search_attributes(list(updates))
+
+
+async def _settle(task: asyncio.Task[Any]) -> None:
+    """Wait for a cancelled task to unwind, swallowing its cancellation."""
+    try:
+        await task
+    except BaseException as err:  # noqa: BLE001 - only cancellation is expected
+        if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)):
+            workflow.logger.info("episode body ended with %r after kill", err)
+
+
+def _outcome_of(err: ApplicationError) -> str:
+    return {"IdleTimeout": "timed_out"}.get(err.type or "", "failed")
+
+
+def _cause_message(err: ActivityError) -> str:
+    cause = err.cause
+    while cause is not None and cause.cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    return str(getattr(cause, "message", None) or cause or err)

@@ -61,9 +61,11 @@ class Containerd:
 
     @classmethod
     async def connect(cls, socket: str, namespace: str = "corral", *,
-                      snapshotter: str = DEFAULT_SNAPSHOTTER,
+                      snapshotter: str = DEFAULT_SNAPSHOTTER, runc_root: str | None = None,
                       timeout_s: float = 5.0) -> Containerd:
-        conn = Connection(socket, namespace, snapshotter)
+        """Connect to containerd at ``socket``; runc state goes to ``runc_root``
+        (default: ``runc/`` beside the socket, which is what ContainerdDaemon expects)."""
+        conn = Connection(socket, namespace, snapshotter, runc_root)
         try:
             await conn.version.Version(empty_pb2.Empty(), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
@@ -145,7 +147,7 @@ class Containerd:
             step = "container"
             oci_spec = build_oci_spec(sandbox_id, spec)
             container = _container_record(sandbox_id, spec, image, labels, oci_spec,
-                                          conn.snapshotter)
+                                          conn.snapshotter, conn.runc_root)
             await conn.containers.Create(
                 containers_pb2.CreateContainerRequest(container=container), metadata=conn.md(lease)
             )
@@ -373,10 +375,10 @@ async def _ensure_namespace(conn: Connection) -> None:
 
 
 def _container_record(sandbox_id: str, spec: SandboxSpec, image: str, labels: dict[str, str],
-                      oci_spec: dict[str, Any], snapshotter: str) -> Any:
+                      oci_spec: dict[str, Any], snapshotter: str, runc_root: str) -> Any:
     runtime = containers_pb2.Container.Runtime(name="io.containerd.runc.v2")
     if spec.runtime in ("runc", "crun"):
-        options = oci_pb2.Options(binary_name=spec.runtime)
+        options = oci_pb2.Options(binary_name=spec.runtime, root=runc_root)
         runtime.options.CopyFrom(
             any_pb2.Any(type_url=RUNC_OPTIONS_TYPE_URL, value=options.SerializeToString())
         )

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -38,16 +39,27 @@ class Connection:
     """Channel + stubs + namespace; shared by the client, images and sandboxes."""
 
     def __init__(
-        self, socket: str, namespace: str, snapshotter: str = DEFAULT_SNAPSHOTTER
+        self,
+        socket: str,
+        namespace: str,
+        snapshotter: str = DEFAULT_SNAPSHOTTER,
+        runc_root: str | None = None,
     ) -> None:
         self.socket = socket
         self.namespace = namespace
         self.snapshotter = snapshotter
+        # runc's state dir, per daemon: with the default (/run/containerd/runc)
+        # two daemons' sandboxes of the same namespace and id would collide.
+        self.runc_root = runc_root or str(Path(socket).resolve().parent / "runc")
         self.channel = grpc.aio.insecure_channel(
             f"unix://{socket}",
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # reconnect quickly after a containerd restart (default backoff reaches 120 s)
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
         ch: Any = self.channel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -136,7 +137,19 @@ class ContainerdDaemon:
             for shim_pid in self.shim_pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(shim_pid, signal.SIGKILL)
+            self._kill_orphaned_containers()
         unmount_under(self.root_dir)
+
+    @property
+    def runc_root(self) -> Path:
+        """Where this daemon's sandboxes keep runc state (the client's default too)."""
+        return self.root_dir / "runc"
+
+    def _kill_orphaned_containers(self) -> None:
+        """A killed shim leaves its container running: kill each init pid runc recorded."""
+        for state in self.runc_root.glob("*/*/state.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, ProcessLookupError):
+                os.kill(int(json.loads(state.read_text())["init_process_pid"]), signal.SIGKILL)
 
     def shim_pids(self) -> list[int]:
         """Pids of the shims started by this daemon (they name its socket in argv)."""

@@ -10,13 +10,12 @@ profile of ``sandbox.seccomp``.
 cgroupsPath is ``/corral/<sandbox_id>``: with cgroupfs (v1 here) the leaf
 directory is the container id, which the sensor maps cgroup ids back with.
 
-User namespaces are not offered. Tried with runc 1.1.5 on this hybrid v1
-host: runc needs uid/gid mappings and a rootfs owned by the mapped root, i.e.
-either a chowned copy of every image snapshot per mapping (slow, doubles disk)
-or idmapped mounts, which runc only gained in 1.2 (and overlayfs idmapped
-mounts need kernel and runc support we do not have). Until then the uid 0 in
-the sandbox is uid 0 on the host, restricted by the capability set, seccomp
-and no_new_privs above.
+User namespaces are not offered yet, and were not tried end to end in this
+cut. The expected blocker with runc 1.1.5 on this hybrid v1 host: runc needs
+uid/gid mappings *and* a rootfs owned by the mapped root, i.e. a chowned copy
+of every image snapshot per mapping (slow, doubles disk) or idmapped mounts,
+which runc only gained in 1.2. Until then uid 0 in the sandbox is uid 0 on
+the host, restricted by the capability set, seccomp and no_new_privs above.
 """
 
 from __future__ import annotations

@@ -29,12 +29,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from observability.metrics import Metrics
-from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
-from observability.tracing import span
-from sandbox import Containerd, SandboxSpec, network
-from sandbox.errors import CorralError, SandboxError, SandboxNotFound
-from workflows.models import (
+from activities.models import (
     EpisodeSpec,
     ExecStepInput,
     FileContent,
@@ -50,6 +45,11 @@ from workflows.models import (
     TeardownResult,
     WriteFileInput,
 )
+from observability.metrics import Metrics
+from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
+from observability.tracing import span
+from sandbox import Containerd, SandboxSpec, network
+from sandbox.errors import CorralError, SandboxError, SandboxNotFound
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0

@@ -18,6 +18,7 @@ intake, and both retry), decided by the response policy and handed to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -309,3 +310,47 @@ def load_token(token_env: str, token_file: Path | None = None) -> SecretStr:
         where = f"${token_env}" + (f" or {token_file}" if token_file else "")
         raise IntakeConfigError(f"no intake token: set {where}")
     return SecretStr(value)
+
+
+# --- process entry point -----------------------------------------------------
+
+
+async def serve_from_config(config_path: Path | None = None) -> None:
+    """The intake of the dev stack: settings from `temporal-dev.yaml`."""
+    from workers.config import load_config
+    from workers.directory import SandboxDirectory
+    from workers.temporal import connect
+
+    config = load_config(config_path)
+    settings = IntakeSettings(
+        host=config.intake.host,
+        port=config.intake.port,
+        tokens=[load_token(config.intake.token_env, config.intake_token_file)],
+        responses=config.resolve(config.sensor.responses),
+    )
+    directory = SandboxDirectory(config)
+    delivery = TemporalDelivery(await connect(config), directory.workflow_for)
+    try:
+        await run_intake(settings, delivery)
+    finally:
+        await directory.close()
+
+
+def main() -> None:
+    import signal
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    async def _run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        await serve_from_config()
+
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        asyncio.run(_run())
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ from observability.metrics import temporal_runtime_with_prometheus
 from observability.tracing import flush_tracing, setup_tracing
 from workers.config import StackConfig, load_config
 from workers.temporal import connect
-from workflows import WORKFLOWS
+from workflows.registry import WORKFLOWS
 
 
 async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:

@@ -1,8 +1,5 @@
-"""Deterministic Temporal workflows and their inputs and results."""
+"""Deterministic Temporal workflows and their inputs and results.
 
-from workflows.episode import EpisodeWorkflow
-from workflows.janitor import JanitorWorkflow
-
-WORKFLOWS = [EpisodeWorkflow, JanitorWorkflow]
-
-__all__ = ["WORKFLOWS", "EpisodeWorkflow", "JanitorWorkflow"]
+The worker's list of workflows is in `workflows.registry`, so importing a
+model from here does not pull in every workflow module.
+"""

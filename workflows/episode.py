@@ -595,7 +595,7 @@ async def _settle(task: asyncio.Task[Any]) -> None:
     """Wait for a cancelled task to unwind, swallowing its cancellation."""
     try:
         await task
-    except BaseException as err:  # noqa: BLE001 - only cancellation is expected
+    except BaseException as err:
         if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)):
             workflow.logger.info("episode body ended with %r after kill", err)
 

@@ -1,177 +1,77 @@
-"""Inputs and results of Corral's workflows and activities.
+"""Inputs and state of Corral's workflows.
 
-One model per workflow or activity input, as in temporalio/samples-python.
-These travel through Temporal as JSON (pydantic data converter), so they are
-plain data: no clients, no paths that only mean something on one host.
-`EpisodeSpec` is what trainers write; unknown fields are rejected so that a
-typo (`timout_s`) fails loudly instead of being ignored.
+The data shared with activities (the episode spec, step results, activity
+inputs) lives in `activities.models`, one layer down, and is re-exported
+here so that callers import every workflow-facing model from one place.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-# --------------------------------------------------------------------------
-# What trainers write
-# --------------------------------------------------------------------------
+from activities.models import (
+    AlertSummary,
+    EgressRule,
+    EpisodeResult,
+    EpisodeSpec,
+    ExecRequest,
+    ExecStepInput,
+    FileContent,
+    FileSpec,
+    Network,
+    NodeLoad,
+    Outcome,
+    ProvisionInput,
+    ProvisionResult,
+    ReadFileInput,
+    ReadFileRequest,
+    ReapInput,
+    ReapResult,
+    RecordEpisodeInput,
+    Resources,
+    SandboxRef,
+    Step,
+    StepResult,
+    TeardownResult,
+    Timeouts,
+    WriteFileInput,
+    WriteFileRequest,
+)
 
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Resources(_Spec):
-    cpu_cores: float = Field(default=1.0, gt=0, le=64)
-    memory_mb: int = Field(default=512, ge=16, le=65536)
-    pids_limit: int = Field(default=256, ge=8, le=32768)
-    nofile: int = Field(default=1024, ge=64, le=1_048_576)
-    tmpfs_mb: int = Field(default=64, ge=1, le=65536)
-
-
-class EgressRule(_Spec):
-    cidr: str
-    port: int | None = Field(default=None, ge=1, le=65535)
-    protocol: Literal["tcp", "udp"] = "tcp"
-
-
-class Network(_Spec):
-    mode: Literal["none", "allowlist"] = "none"
-    egress: list[EgressRule] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _egress_needs_allowlist(self) -> Network:
-        if self.egress and self.mode != "allowlist":
-            raise ValueError("egress rules need mode 'allowlist'")
-        return self
-
-
-class FileSpec(_Spec):
-    path: str = Field(pattern=r"^/")
-    content: str
-    mode: int = Field(default=0o644, ge=0, le=0o7777)
-
-
-class Step(_Spec):
-    """One command. A string runs under /bin/sh -c; a list is an argv."""
-
-    cmd: str | list[str]
-    timeout_s: float | None = Field(default=None, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-    stdin: str | None = None
-
-    @field_validator("cmd")
-    @classmethod
-    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
-        if not value or (isinstance(value, str) and not value.strip()):
-            raise ValueError("command is empty")
-        return value
-
-    def display(self) -> str:
-        return self.cmd if isinstance(self.cmd, str) else " ".join(self.cmd)
-
-
-class Timeouts(_Spec):
-    step_s: float = Field(default=120, gt=0)
-    idle_ttl_s: float = Field(default=600, gt=0)
-    max_lifetime_s: float = Field(default=3600, gt=0)
-    quarantine_s: float = Field(default=600, gt=0)
-
-
-class EpisodeSpec(_Spec):
-    image: str = Field(min_length=1)
-    resources: Resources = Field(default_factory=Resources)
-    network: Network = Field(default_factory=Network)
-    env: dict[str, str] = Field(default_factory=dict)
-    files: list[FileSpec] = Field(default_factory=list)
-    steps: list[Step] = Field(default_factory=list)
-    reward: Step | None = None
-    interactive: bool = False
-    timeouts: Timeouts = Field(default_factory=Timeouts)
-    tenant: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    labels: dict[str, str] = Field(default_factory=dict)
-    runtime: str = "runc"
-    output_limit_bytes: int = Field(default=65536, ge=1024, le=16 * 1024 * 1024)
-
-    @field_validator("steps", mode="before")
-    @classmethod
-    def _strings_are_steps(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            return [{"cmd": v} if isinstance(v, str | list) else v for v in value]
-        return value
-
-    @field_validator("reward", mode="before")
-    @classmethod
-    def _string_is_reward_step(cls, value: Any) -> Any:
-        return {"cmd": value} if isinstance(value, str) else value
-
-
-# --------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------
-
-
-class StepResult(BaseModel):
-    index: int
-    cmd: str
-    exit_code: int
-    stdout: str = ""
-    stderr: str = ""
-    duration_s: float = 0.0
-    timed_out: bool = False
-    truncated: bool = False
-    source: Literal["scripted", "interactive", "reward"] = "scripted"
-    started_at: datetime | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-    def summary(self) -> StepResult:
-        """The same step without its output: what continue-as-new carries over."""
-        return self.model_copy(update={"stdout": "", "stderr": ""})
-
-
-class AlertSummary(BaseModel):
-    rule: str
-    priority: str
-    action: str
-    time: datetime | None = None
-    output: str = ""
-
-
-Outcome = Literal["completed", "failed", "killed", "quarantined", "timed_out", "cancelled"]
-
-
-class EpisodeResult(BaseModel):
-    episode_id: str
-    outcome: Outcome
-    reason: str = ""
-    node: str = ""
-    sandbox_id: str = ""
-    image: str = ""
-    tenant: str = ""
-    steps: list[StepResult] = Field(default_factory=list)
-    reward: StepResult | None = None
-    alerts: list[AlertSummary] = Field(default_factory=list)
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    provision_s: float = 0.0
-    teardown_s: float = 0.0
-
-    @property
-    def duration_s(self) -> float:
-        if self.started_at and self.ended_at:
-            return (self.ended_at - self.started_at).total_seconds()
-        return 0.0
-
-
-# --------------------------------------------------------------------------
-# Workflow inputs and interactive requests
-# --------------------------------------------------------------------------
+__all__ = [
+    "AlertSummary",
+    "CarriedState",
+    "EgressRule",
+    "EpisodeInput",
+    "EpisodeResult",
+    "EpisodeSpec",
+    "EpisodeStatus",
+    "ExecRequest",
+    "ExecStepInput",
+    "FileContent",
+    "FileSpec",
+    "Network",
+    "NodeLoad",
+    "OnCallRequest",
+    "Outcome",
+    "ProvisionInput",
+    "ProvisionResult",
+    "ReadFileInput",
+    "ReadFileRequest",
+    "ReapInput",
+    "ReapResult",
+    "RecordEpisodeInput",
+    "Resources",
+    "SandboxRef",
+    "Step",
+    "StepResult",
+    "TeardownResult",
+    "Timeouts",
+    "WriteFileInput",
+    "WriteFileRequest",
+]
 
 
 class EpisodeInput(BaseModel):
@@ -195,37 +95,6 @@ class CarriedState(BaseModel):
     scripted_done: bool = False
 
 
-class ExecRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    cmd: str | list[str]
-    timeout_s: float | None = Field(default=None, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-    stdin: str | None = None
-
-    def as_step(self) -> Step:
-        return Step(**self.model_dump())
-
-
-class WriteFileRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str = Field(pattern=r"^/")
-    content_b64: str
-    mode: int = Field(default=0o644, ge=0, le=0o7777)
-
-
-class ReadFileRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str = Field(pattern=r"^/")
-    max_bytes: int = Field(default=1_048_576, ge=1, le=16 * 1024 * 1024)
-
-
-class FileContent(BaseModel):
-    path: str
-    content_b64: str
-    size: int
-
-
 class OnCallRequest(BaseModel):
     """The input of the `release` and `kill` signals: who acted and why."""
 
@@ -246,90 +115,6 @@ class EpisodeStatus(BaseModel):
     quarantined: bool
     last_activity: datetime | None
     reason: str = ""
-
-
-# --------------------------------------------------------------------------
-# Activity inputs
-# --------------------------------------------------------------------------
-
-
-class ProvisionInput(BaseModel):
-    sandbox_id: str
-    spec: EpisodeSpec
-    labels: dict[str, str]
-
-
-class ProvisionResult(BaseModel):
-    sandbox_id: str
-    node: str
-    provision_s: float
-    created: bool  # False when an earlier attempt had already made it
-
-
-class ExecStepInput(BaseModel):
-    sandbox_id: str
-    step: Step
-    index: int
-    source: Literal["scripted", "interactive", "reward"] = "scripted"
-    default_timeout_s: float
-    output_limit_bytes: int
-    base_env: dict[str, str] = Field(default_factory=dict)
-
-
-class WriteFileInput(BaseModel):
-    sandbox_id: str
-    request: WriteFileRequest
-
-
-class ReadFileInput(BaseModel):
-    sandbox_id: str
-    request: ReadFileRequest
-
-
-class SandboxRef(BaseModel):
-    sandbox_id: str
-
-
-class TeardownResult(BaseModel):
-    sandbox_id: str
-    removed: bool
-    teardown_s: float
-
-
-class NodeLoad(BaseModel):
-    node: str
-    sandboxes: int
-    load1: float
-    memory_available_mb: int
-
-    def score(self) -> float:
-        """Lower is better: sandboxes dominate, CPU load breaks ties."""
-        return self.sandboxes + self.load1
-
-
-class RecordEpisodeInput(BaseModel):
-    result: EpisodeResult
-    workflow_id: str
-    run_id: str
-
-
-class ReapInput(BaseModel):
-    grace_s: float = 30.0
-
-
-class ReapResult(BaseModel):
-    node: str
-    checked: int
-    removed: list[str]
-
-
-class BatchInput(BaseModel):
-    spec: EpisodeSpec
-    episodes: int = Field(ge=1, le=100_000)
-    concurrency: int = Field(ge=1, le=10_000)
-    nodes: list[str] = Field(min_length=1)
-    node_task_queue_prefix: str = "corral-node-"
-    id_prefix: str
 
 
 EpisodeInput.model_rebuild()

@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` and `make test`. Both set up
+# what is missing first (Debian packages, .venv, containerd stubs).
+.PHONY: setup demo test lint unit up down bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/corral demo
+
+test: setup
+	bash scripts/test.sh
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/mypy --check-untyped-defs
+
+unit: setup
+	.venv/bin/pytest -q tests/unit
+
+up: setup
+	.venv/bin/corral up
+
+down:
+	.venv/bin/corral down
+
+bench: setup
+	.venv/bin/corral bench

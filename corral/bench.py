@@ -1,0 +1,164 @@
+"""`corral bench`: Corral against the raw baseline, side by side, in one run.
+
+The baseline drives the same `sandbox/` client code straight at containerd
+(create, start, one exec, teardown); Corral runs the same work as one-step
+episodes through Temporal. Both run at the same concurrency on the same
+stack, one after the other, so the ratio is what Temporal and the workflow
+machinery cost. A benchmark, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from corral.sdk import Corral
+from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
+from workers.config import StackConfig
+from workflows.models import EpisodeSpec
+
+
+class Series(BaseModel):
+    name: str
+    count: int
+    failures: int
+    wall_s: float
+    per_second: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+class BenchReport(BaseModel):
+    n: int
+    concurrency: int
+    series: list[Series]
+    ratios: dict[str, float]
+    targets: dict[str, str]
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def _measure(name: str, n: int, concurrency: int, one: Callable[[int], Awaitable[None]],
+                   tick: Callable[[], None]) -> Series:  # fmt: skip
+    limit = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    failures = 0
+
+    async def timed(i: int) -> None:
+        nonlocal failures
+        async with limit:
+            started = time.perf_counter()
+            try:
+                await one(i)
+                latencies.append(time.perf_counter() - started)
+            except Exception:  # noqa: BLE001 - counted, a bench goes on
+                failures += 1
+            tick()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(timed(i) for i in range(n)))
+    wall = time.perf_counter() - started
+    ms = sorted(x * 1000 for x in latencies)
+    return Series(name=name, count=len(latencies), failures=failures, wall_s=wall,
+                  per_second=len(latencies) / wall if wall else 0.0,
+                  p50_ms=statistics.median(ms) if ms else 0.0,
+                  p90_ms=_percentile(ms, 0.90), p99_ms=_percentile(ms, 0.99))  # fmt: skip
+
+
+async def run_bench(config: StackConfig, *, n: int, concurrency: int, exec_n: int,
+                    tick: Callable[[], None] = lambda: None) -> BenchReport:  # fmt: skip
+    node = config.node_names()[0]
+    tag = uuid.uuid4().hex[:8]
+    spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={"corral.bench": tag})
+    async with await Containerd.connect(str(config.containerd_socket(node)),
+                                        namespace=config.nodes.containerd_namespace) as raw:
+        async def raw_lifecycle(i: int) -> None:
+            sandbox_id = f"bench-{tag}-{i}"
+            try:
+                box = await raw.create_sandbox(sandbox_id, spec, spec.labels)
+                await box.exec(["echo", "hi"])
+            finally:
+                await raw.destroy_sandbox(sandbox_id)
+
+        raw_series = await _measure("raw containerd lifecycle", n, concurrency, raw_lifecycle, tick)
+        raw_exec = await _raw_exec_series(raw, spec, tag, exec_n, tick)
+
+    corral = await Corral.connect(config)
+    episode = EpisodeSpec(image="busybox", steps=["echo hi"], labels={"bench": tag})
+
+    async def one_episode(i: int) -> None:
+        await corral.run_episode(episode, episode_id=f"bench-{tag}-{i}", node=node)
+
+    episode_series = await _measure("episode through Temporal", n, concurrency, one_episode, tick)
+    update_exec = await _update_exec_series(corral, node, tag, exec_n, tick)
+    series = [raw_series, episode_series, raw_exec, update_exec]
+    return BenchReport(
+        n=n, concurrency=concurrency, series=series,
+        ratios={
+            "episode throughput / raw throughput": _ratio(episode_series.per_second, raw_series.per_second),
+            "episode p50 / raw lifecycle p50": _ratio(episode_series.p50_ms, raw_series.p50_ms),
+            "update exec p50 / raw exec p50": _ratio(update_exec.p50_ms, raw_exec.p50_ms),
+        },
+        targets={
+            "episode throughput / raw throughput": ">= 0.8",
+            "update exec p50 / raw exec p50": "<= 2.0",
+        },
+    )  # fmt: skip
+
+
+async def _raw_exec_series(raw: Containerd, spec: SandboxSpec, tag: str, n: int,
+                           tick: Callable[[], None]) -> Series:  # fmt: skip
+    sandbox_id = f"bench-{tag}-exec"
+    box = await raw.create_sandbox(sandbox_id, spec, spec.labels)
+    try:
+        async def one(_: int) -> None:
+            await box.exec(["echo", "hi"])
+
+        return await _measure("raw exec round trip", n, 1, one, tick)
+    finally:
+        await raw.destroy_sandbox(sandbox_id)
+
+
+async def _update_exec_series(corral: Corral, node: str, tag: str, n: int,
+                              tick: Callable[[], None]) -> Series:  # fmt: skip
+    spec = EpisodeSpec(image="busybox", interactive=True, labels={"bench": tag})
+    episode = await corral.start_episode(spec, episode_id=f"bench-{tag}-interactive", node=node)
+    try:
+        await episode.exec(["true"])  # wait for the sandbox; not measured
+
+        async def one(_: int) -> None:
+            await episode.exec(["echo", "hi"])
+
+        return await _measure("exec round trip through a Temporal Update", n, 1, one, tick)
+    finally:
+        await episode.finish()
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
+
+
+def describe(report: BenchReport) -> list[str]:
+    lines = [f"n={report.n}, concurrency={report.concurrency}"]
+    for s in report.series:
+        lines.append(f"{s.name:45s} {s.per_second:7.2f}/s  p50 {s.p50_ms:7.1f} ms  "
+                     f"p90 {s.p90_ms:7.1f} ms  p99 {s.p99_ms:7.1f} ms  failures {s.failures}")  # fmt: skip
+    for name, value in report.ratios.items():
+        target = report.targets.get(name, "")
+        lines.append(f"{name:45s} {value:7.3f}  {('target ' + target) if target else ''}")
+    return lines
+
+
+def as_dict(report: BenchReport) -> dict[str, Any]:
+    return report.model_dump(mode="json")

@@ -1,0 +1,72 @@
+"""`corral report` and `corral bench`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+from rich.progress import Progress
+
+from corral.cli import Context, console, emit_json, fail, out, pass_ctx, run_async
+
+
+def parse_since(value: str | None) -> datetime | None:
+    """`30m`, `2h`, `1d` ago, or an ISO time."""
+    if not value:
+        return None
+    units = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+    if value[-1] in units and value[:-1].isdigit():
+        return datetime.now(UTC) - timedelta(**{units[value[-1]]: int(value[:-1])})
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        fail(f"--since {value!r}: use e.g. 30m, 2h, 1d or an ISO time")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@click.command()
+@click.option("--since", default=None, help="Only what ran since: 30m, 2h, 1d or an ISO time.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to write the plots and index.html (default <state>/report).")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool) -> None:
+    """Analyse what ran (polars): plots and an HTML page."""
+    from observability.report import build_report
+
+    target = out_dir or ctx.config.state / "report"
+    summary = build_report(ctx.config.records_dir, target, parse_since(since))
+    if as_json:
+        emit_json(summary)
+        return
+    if summary.message:
+        out.print(summary.message)
+    out.print(f"episodes: {summary.episodes_total} {dict(summary.episodes_by_outcome)}; "
+              f"alerts: {summary.alerts_total}")  # fmt: skip
+    out.print(f"report: {summary.html}")
+
+
+@click.command()
+@click.option("--n", "n", type=click.IntRange(1, 10_000), default=30, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option("--exec-n", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def bench(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bool) -> None:
+    """Measure Corral and the raw containerd baseline side by side; print ratios."""
+    from corral.bench import as_dict, describe, run_bench
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=2 * n + 2 * exec_n)
+        result = await run_bench(ctx.config, n=n, concurrency=concurrency, exec_n=exec_n,
+                                 tick=lambda: progress.advance(task))  # fmt: skip
+    if as_json:
+        emit_json(as_dict(result))
+        return
+    for line in describe(result):
+        out.print(line, markup=False)
+
+
+COMMANDS = [report, bench]

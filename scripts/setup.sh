@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install what Corral needs on a fresh Debian 12 machine, as root. Idempotent:
+# each step checks first and does nothing when its work is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  containerd runc crun busybox-static bpftrace iproute2 nftables debootstrap umoci
+  golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
+)
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.corral-installed
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  echo "setup: installing corral and its dev extras into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+# containerd's gRPC stubs: generated from Debian's .proto files, never committed.
+.venv/bin/python scripts/gen_stubs.py
+
+# bpftrace needs tracefs, which these machines do not mount at boot.
+if [[ ! -d /sys/kernel/tracing/events ]]; then
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi

@@ -1,0 +1,98 @@
+"""The real stack for integration tests, started once per test session.
+
+It runs on its own ports and in its own state directory, so a developer's
+`corral up` stack on the default ports is left alone. At the end of the
+session the stack is stopped and the run FAILS if any test sandbox, snapshot
+or shim is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from corral.sdk import Corral
+from sandbox import Containerd
+from workers.config import StackConfig, load_config
+from workers.stack import Stack
+
+REPO = Path(__file__).resolve().parents[2]
+
+TEST_ENV = {
+    "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:17233",
+    "CORRAL_TEMPORAL_UI_PORT": "18233",
+    "CORRAL_TEMPORAL_METRICS_PORT": "19233",
+    "CORRAL_METRICS_PORT_BASE": "19460",
+    "CORRAL_INTAKE_PORT": "18765",
+    "CORRAL_NODES": os.environ.get("CORRAL_TEST_NODES", "2"),
+    "CORRAL_TRACES": "file",
+}
+
+
+@pytest.fixture(scope="session")
+def stack_config() -> Iterator[StackConfig]:
+    state = Path(tempfile.mkdtemp(prefix="corral-test-", dir="/tmp"))
+    env = {**TEST_ENV, "CORRAL_STATE_DIR": str(state)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the stack's child processes inherit these
+    try:
+        yield load_config(REPO / "temporal-dev.yaml")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest_asyncio.fixture(scope="session")
+async def stack(stack_config: StackConfig) -> AsyncIterator[Stack]:
+    stack = Stack(stack_config)
+    try:
+        await stack.up()
+        yield stack
+        leftovers = await sandboxes_left(stack_config)
+    finally:
+        await stack.down()
+    shims = [pid for node in stack_config.node_names() for pid in stack.daemon(node).shim_pids()]
+    assert not leftovers, f"tests left sandboxes behind: {leftovers}"
+    assert not shims, f"containerd shims still running after down: {shims}"
+
+
+async def sandboxes_left(config: StackConfig) -> dict[str, list[str]]:
+    """Containers, tasks and active snapshots still held by each node's containerd."""
+    left: dict[str, list[str]] = {}
+    for node in config.node_names():
+        async with await Containerd.connect(
+            str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+        ) as client:
+            held = [f"container {c}" for c in await client.container_ids()]
+            held += [f"task {t}" for t in await client.task_ids()]
+            held += [f"snapshot {s}" for s in await client.snapshot_keys(active_only=True)]
+        if held:
+            left[node] = held
+    return left
+
+
+@pytest_asyncio.fixture(scope="session")
+async def corral(stack: Stack) -> AsyncIterator[Corral]:
+    async with await Corral.connect(stack.config) as client:
+        yield client
+
+
+async def wait_for(predicate: "asyncio.Future[bool] | object", timeout_s: float = 30.0) -> None:
+    """Poll an async predicate until it is true (a correctness wait, not a timing check)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"condition not met within {timeout_s} s")

@@ -249,6 +249,11 @@ class SandboxRef(BaseModel):
     sandbox_id: str
 
 
+class TeardownInput(BaseModel):
+    sandbox_id: str
+    record: RecordEpisodeInput | None = None  # written to the store once torn down
+
+
 class TeardownResult(BaseModel):
     sandbox_id: str
     removed: bool
@@ -280,3 +285,6 @@ class ReapResult(BaseModel):
     node: str
     checked: int
     removed: list[str]
+
+
+TeardownInput.model_rebuild()

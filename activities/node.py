@@ -42,6 +42,7 @@ from activities.models import (
     RecordEpisodeInput,
     SandboxRef,
     StepResult,
+    TeardownInput,
     TeardownResult,
     WriteFileInput,
 )
@@ -112,9 +113,12 @@ class NodeActivities:
         started = time.monotonic()
         spec = sandbox_spec_for(input.spec, input.labels)
         existed = await self._exists(input.sandbox_id)
-        attrs = {"corral.sandbox_id": input.sandbox_id, "corral.image": spec.image,
-                 "corral.node": self.node, "corral.workflow_id": input.labels.get(
-                     "corral.workflow_id", "")}  # fmt: skip
+        attrs = {
+            "corral.sandbox_id": input.sandbox_id,
+            "corral.image": spec.image,
+            "corral.node": self.node,
+            "corral.workflow_id": input.labels.get("corral.workflow_id", ""),
+        }
         with span("corral.provision", **attrs):
             await _heartbeating(
                 _mapped(self._containerd.create_sandbox(input.sandbox_id, spec, input.labels))
@@ -144,10 +148,11 @@ class NodeActivities:
             raise _to_app_error(err) from err
 
     @activity.defn(name="corral.teardown")
-    async def teardown(self, input: SandboxRef) -> TeardownResult:
+    async def teardown(self, input: TeardownInput) -> TeardownResult:
         started = time.monotonic()
-        with span("corral.teardown", **{"corral.sandbox_id": input.sandbox_id,
-                                        "corral.node": self.node}):  # fmt: skip
+        with span(
+            "corral.teardown", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
+        ):
             with contextlib.suppress(CorralError):
                 await network.detach_network(input.sandbox_id, self._network_dir)
             removed = await _heartbeating(
@@ -160,6 +165,9 @@ class NodeActivities:
             if self._metrics:
                 self._metrics.record_teardown(seconds, self.node, "")
                 self._metrics.sandbox_removed(self.node, "running")
+        if input.record is not None:
+            input.record.result.teardown_s = seconds
+            self._record(input.record)
         return TeardownResult(sandbox_id=input.sandbox_id, removed=removed, teardown_s=seconds)
 
     @activity.defn(name="corral.freeze")
@@ -202,8 +210,9 @@ class NodeActivities:
         step = input.step
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         started_at = datetime.now(UTC)
-        with span("corral.exec", **{"corral.sandbox_id": input.sandbox_id,
-                                    "corral.node": self.node}):  # fmt: skip
+        with span(
+            "corral.exec", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
+        ):
             out = await _heartbeating(
                 _mapped(
                     sandbox.exec(
@@ -251,7 +260,9 @@ class NodeActivities:
     async def write_file(self, input: WriteFileInput) -> None:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         data = base64.b64decode(input.request.content_b64)
-        await _heartbeating(_mapped(sandbox.write_file(input.request.path, data, input.request.mode)))
+        await _heartbeating(
+            _mapped(sandbox.write_file(input.request.path, data, input.request.mode))
+        )
 
     @activity.defn(name="corral.read_file")
     async def read_file(self, input: ReadFileInput) -> FileContent:
@@ -264,8 +275,7 @@ class NodeActivities:
         )
 
     # --------------------------------------------------------------- records
-    @activity.defn(name="corral.record_episode")
-    async def record_episode(self, input: RecordEpisodeInput) -> None:
+    def _record(self, input: RecordEpisodeInput) -> None:
         """Hand the result to the buffered Parquet writer; never slows the episode."""
         if self._metrics:
             self._metrics.record_episode(input.result.outcome)
@@ -291,7 +301,7 @@ class NodeActivities:
             young = info.created_at and (now - info.created_at).total_seconds() < input.grace_s
             if not workflow_id or young or await self._workflow_open(workflow_id):
                 continue
-            await self.teardown(SandboxRef(sandbox_id=info.id))
+            await self.teardown(TeardownInput(sandbox_id=info.id))
             removed.append(info.id)
         return ReapResult(node=self.node, checked=len(sandboxes), removed=removed)
 
@@ -328,9 +338,16 @@ class NodeActivities:
 
     def activities(self) -> list[Any]:
         return [
-            self.load, self.provision, self.teardown, self.freeze, self.thaw, self.exec_step,
-            self.write_file, self.read_file, self.record_episode, self.reap_orphans,
-        ]  # fmt: skip
+            self.load,
+            self.provision,
+            self.teardown,
+            self.freeze,
+            self.thaw,
+            self.exec_step,
+            self.write_file,
+            self.read_file,
+            self.reap_orphans,
+        ]
 
 
 def episode_records(input: RecordEpisodeInput) -> list[Any]:
@@ -355,23 +372,37 @@ def episode_records(input: RecordEpisodeInput) -> list[Any]:
             provision_s=result.provision_s,
             teardown_s=result.teardown_s,
             alerts=[
-                EpisodeAlert(rule=a.rule, priority=a.priority, action=a.action,
-                             time=a.time or ended)
+                EpisodeAlert(
+                    rule=a.rule, priority=a.priority, action=a.action, time=a.time or ended
+                )
                 for a in result.alerts
-            ],  # fmt: skip
+            ],
         )
     ]
     rows += [
-        StepRecord(workflow_id=input.workflow_id, index=s.index, command=s.cmd,
-                   exit_code=s.exit_code, duration_s=s.duration_s, timed_out=s.timed_out,
-                   started_at=s.started_at or started)
+        StepRecord(
+            workflow_id=input.workflow_id,
+            index=s.index,
+            command=s.cmd,
+            exit_code=s.exit_code,
+            duration_s=s.duration_s,
+            timed_out=s.timed_out,
+            started_at=s.started_at or started,
+        )
         for s in result.steps
-    ]  # fmt: skip
+    ]
     rows += [
-        AlertRecord(workflow_id=input.workflow_id, rule=a.rule, priority=a.priority,
-                    action=a.action, time=a.time or ended, image=result.image, node=result.node)
+        AlertRecord(
+            workflow_id=input.workflow_id,
+            rule=a.rule,
+            priority=a.priority,
+            action=a.action,
+            time=a.time or ended,
+            image=result.image,
+            node=result.node,
+        )
         for a in result.alerts
-    ]  # fmt: skip
+    ]
     return rows
 
 
@@ -405,8 +436,9 @@ async def _mapped(work: Awaitable[T]) -> T:
 
 def _to_app_error(err: CorralError) -> ApplicationError:
     retryable = isinstance(err, SandboxError) and type(err).__name__ in (
-        "ContainerdUnavailable", "ContainerdError",
-    )  # fmt: skip
+        "ContainerdUnavailable",
+        "ContainerdError",
+    )
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
 
 

@@ -30,8 +30,27 @@ from workflows.models import (
 )
 
 __all__ = [
-    "Corral", "CorralError", "EgressRule", "Episode", "EpisodeCancelled", "EpisodeError",
-    "EpisodeFailed", "EpisodeKilled", "EpisodeNotFound", "EpisodeRejected", "EpisodeResult",
-    "EpisodeSpec", "EpisodeStatus", "EpisodeSummary", "EpisodeTerminated", "EpisodeTimedOut",
-    "FileSpec", "InvalidEpisodeSpec", "Network", "Resources", "Step", "StepResult", "Timeouts",
-]  # fmt: skip
+    "Corral",
+    "CorralError",
+    "EgressRule",
+    "Episode",
+    "EpisodeCancelled",
+    "EpisodeError",
+    "EpisodeFailed",
+    "EpisodeKilled",
+    "EpisodeNotFound",
+    "EpisodeRejected",
+    "EpisodeResult",
+    "EpisodeSpec",
+    "EpisodeStatus",
+    "EpisodeSummary",
+    "EpisodeTerminated",
+    "EpisodeTimedOut",
+    "FileSpec",
+    "InvalidEpisodeSpec",
+    "Network",
+    "Resources",
+    "Step",
+    "StepResult",
+    "Timeouts",
+]

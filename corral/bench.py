@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from corral.sdk import Corral
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from workers.config import StackConfig
-from workflows.models import EpisodeSpec
+from workflows.models import EpisodeSpec, Step
 
 
 class Series(BaseModel):
@@ -49,8 +49,13 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def _measure(name: str, n: int, concurrency: int, one: Callable[[int], Awaitable[None]],
-                   tick: Callable[[], None]) -> Series:  # fmt: skip
+async def _measure(
+    name: str,
+    n: int,
+    concurrency: int,
+    one: Callable[[int], Awaitable[None]],
+    tick: Callable[[], None],
+) -> Series:
     limit = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     failures = 0
@@ -62,7 +67,7 @@ async def _measure(name: str, n: int, concurrency: int, one: Callable[[int], Awa
             try:
                 await one(i)
                 latencies.append(time.perf_counter() - started)
-            except Exception:  # noqa: BLE001 - counted, a bench goes on
+            except Exception:
                 failures += 1
             tick()
 
@@ -70,19 +75,33 @@ async def _measure(name: str, n: int, concurrency: int, one: Callable[[int], Awa
     await asyncio.gather(*(timed(i) for i in range(n)))
     wall = time.perf_counter() - started
     ms = sorted(x * 1000 for x in latencies)
-    return Series(name=name, count=len(latencies), failures=failures, wall_s=wall,
-                  per_second=len(latencies) / wall if wall else 0.0,
-                  p50_ms=statistics.median(ms) if ms else 0.0,
-                  p90_ms=_percentile(ms, 0.90), p99_ms=_percentile(ms, 0.99))  # fmt: skip
+    return Series(
+        name=name,
+        count=len(latencies),
+        failures=failures,
+        wall_s=wall,
+        per_second=len(latencies) / wall if wall else 0.0,
+        p50_ms=statistics.median(ms) if ms else 0.0,
+        p90_ms=_percentile(ms, 0.90),
+        p99_ms=_percentile(ms, 0.99),
+    )
 
 
-async def run_bench(config: StackConfig, *, n: int, concurrency: int, exec_n: int,
-                    tick: Callable[[], None] = lambda: None) -> BenchReport:  # fmt: skip
+async def run_bench(
+    config: StackConfig,
+    *,
+    n: int,
+    concurrency: int,
+    exec_n: int,
+    tick: Callable[[], None] = lambda: None,
+) -> BenchReport:
     node = config.node_names()[0]
     tag = uuid.uuid4().hex[:8]
     spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={"corral.bench": tag})
-    async with await Containerd.connect(str(config.containerd_socket(node)),
-                                        namespace=config.nodes.containerd_namespace) as raw:
+    async with await Containerd.connect(
+        str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+    ) as raw:
+
         async def raw_lifecycle(i: int) -> None:
             sandbox_id = f"bench-{tag}-{i}"
             try:
@@ -95,7 +114,7 @@ async def run_bench(config: StackConfig, *, n: int, concurrency: int, exec_n: in
         raw_exec = await _raw_exec_series(raw, spec, tag, exec_n, tick)
 
     corral = await Corral.connect(config)
-    episode = EpisodeSpec(image="busybox", steps=["echo hi"], labels={"bench": tag})
+    episode = EpisodeSpec(image="busybox", steps=[Step(cmd="echo hi")], labels={"bench": tag})
 
     async def one_episode(i: int) -> None:
         await corral.run_episode(episode, episode_id=f"bench-{tag}-{i}", node=node)
@@ -104,9 +123,13 @@ async def run_bench(config: StackConfig, *, n: int, concurrency: int, exec_n: in
     update_exec = await _update_exec_series(corral, node, tag, exec_n, tick)
     series = [raw_series, episode_series, raw_exec, update_exec]
     return BenchReport(
-        n=n, concurrency=concurrency, series=series,
+        n=n,
+        concurrency=concurrency,
+        series=series,
         ratios={
-            "episode throughput / raw throughput": _ratio(episode_series.per_second, raw_series.per_second),
+            "episode throughput / raw throughput": _ratio(
+                episode_series.per_second, raw_series.per_second
+            ),
             "episode p50 / raw lifecycle p50": _ratio(episode_series.p50_ms, raw_series.p50_ms),
             "update exec p50 / raw exec p50": _ratio(update_exec.p50_ms, raw_exec.p50_ms),
         },
@@ -114,14 +137,16 @@ async def run_bench(config: StackConfig, *, n: int, concurrency: int, exec_n: in
             "episode throughput / raw throughput": ">= 0.8",
             "update exec p50 / raw exec p50": "<= 2.0",
         },
-    )  # fmt: skip
+    )
 
 
-async def _raw_exec_series(raw: Containerd, spec: SandboxSpec, tag: str, n: int,
-                           tick: Callable[[], None]) -> Series:  # fmt: skip
+async def _raw_exec_series(
+    raw: Containerd, spec: SandboxSpec, tag: str, n: int, tick: Callable[[], None]
+) -> Series:
     sandbox_id = f"bench-{tag}-exec"
     box = await raw.create_sandbox(sandbox_id, spec, spec.labels)
     try:
+
         async def one(_: int) -> None:
             await box.exec(["echo", "hi"])
 
@@ -130,8 +155,9 @@ async def _raw_exec_series(raw: Containerd, spec: SandboxSpec, tag: str, n: int,
         await raw.destroy_sandbox(sandbox_id)
 
 
-async def _update_exec_series(corral: Corral, node: str, tag: str, n: int,
-                              tick: Callable[[], None]) -> Series:  # fmt: skip
+async def _update_exec_series(
+    corral: Corral, node: str, tag: str, n: int, tick: Callable[[], None]
+) -> Series:
     spec = EpisodeSpec(image="busybox", interactive=True, labels={"bench": tag})
     episode = await corral.start_episode(spec, episode_id=f"bench-{tag}-interactive", node=node)
     try:
@@ -152,8 +178,10 @@ def _ratio(a: float, b: float) -> float:
 def describe(report: BenchReport) -> list[str]:
     lines = [f"n={report.n}, concurrency={report.concurrency}"]
     for s in report.series:
-        lines.append(f"{s.name:45s} {s.per_second:7.2f}/s  p50 {s.p50_ms:7.1f} ms  "
-                     f"p90 {s.p90_ms:7.1f} ms  p99 {s.p99_ms:7.1f} ms  failures {s.failures}")  # fmt: skip
+        lines.append(
+            f"{s.name:45s} {s.per_second:7.2f}/s  p50 {s.p50_ms:7.1f} ms  "
+            f"p90 {s.p90_ms:7.1f} ms  p99 {s.p99_ms:7.1f} ms  failures {s.failures}"
+        )
     for name, value in report.ratios.items():
         target = report.targets.get(name, "")
         lines.append(f"{name:45s} {value:7.3f}  {('target ' + target) if target else ''}")

@@ -85,8 +85,13 @@ pass_ctx = click.make_pass_decorator(Context)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-              envvar="CORRAL_CONFIG", help="Stack configuration (default: temporal-dev.yaml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="CORRAL_CONFIG",
+    help="Stack configuration (default: temporal-dev.yaml).",
+)
 @click.pass_context
 def cli(ctx: click.Context, config_path: Path | None) -> None:
     """Corral: AI-agent episodes in containerd sandboxes, as durable Temporal workflows."""
@@ -104,7 +109,9 @@ async def up(ctx: Context, nodes: int | None) -> None:
 
     config = ctx.config
     if nodes is not None:
-        config = config.model_copy(update={"nodes": config.nodes.model_copy(update={"count": nodes})})
+        config = config.model_copy(
+            update={"nodes": config.nodes.model_copy(update={"count": nodes})}
+        )
     status = await Stack(config).up(progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"))
     _print_status(status)
     click.echo(f"Web UI: {status.ui_url}")
@@ -117,7 +124,9 @@ async def down(ctx: Context) -> None:
     """Stop every process the stack started and remove its sandboxes."""
     from workers.stack import Stack
 
-    stopped = await Stack(ctx.config).down(progress=lambda msg: console.print(f"[dim]stopping {msg}…[/]"))
+    stopped = await Stack(ctx.config).down(
+        progress=lambda msg: console.print(f"[dim]stopping {msg}…[/]")
+    )
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
@@ -141,11 +150,17 @@ async def status(ctx: Context, as_json: bool) -> None:
 
 
 def _print_status(status: Any) -> None:
-    table = Table(title=f"Corral stack ({'up' if status.up else 'NOT healthy'})", title_justify="left")
+    table = Table(
+        title=f"Corral stack ({'up' if status.up else 'NOT healthy'})", title_justify="left"
+    )
     for col in ("component", "state", "pid", "detail"):
         table.add_column(col)
     for c in status.components:
-        state = "[green]healthy[/]" if c.healthy else ("[yellow]unhealthy[/]" if c.running else "[red]down[/]")
+        state = (
+            "[green]healthy[/]"
+            if c.healthy
+            else ("[yellow]unhealthy[/]" if c.running else "[red]down[/]")
+        )
         table.add_row(c.name, state, str(c.pid or ""), c.detail)
     out.print(table)
     for name, value in (status.headline or {}).items():
@@ -194,4 +209,3 @@ def shell_join(argv: tuple[str, ...]) -> str | list[str]:
 def main() -> None:
     _register()
     cli(prog_name="corral")
-

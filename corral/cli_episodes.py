@@ -12,7 +12,16 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from corral.cli import Context, console, emit_json, load_spec_file, out, pass_ctx, run_async, shell_join
+from corral.cli import (
+    Context,
+    console,
+    emit_json,
+    load_spec_file,
+    out,
+    pass_ctx,
+    run_async,
+    shell_join,
+)
 from corral.errors import EpisodeError
 from corral.sdk import Corral
 from workflows.models import EpisodeResult
@@ -23,8 +32,13 @@ def episode() -> None:
     """Start, drive, inspect, kill and release episodes."""
 
 
-def _spec_from_options(spec_file: Path | None, image: str | None, steps: tuple[str, ...],
-                       reward: str | None, interactive: bool) -> dict[str, Any]:  # fmt: skip
+def _spec_from_options(
+    spec_file: Path | None,
+    image: str | None,
+    steps: tuple[str, ...],
+    reward: str | None,
+    interactive: bool,
+) -> dict[str, Any]:
     spec: dict[str, Any] = load_spec_file(spec_file) if spec_file else {}
     if image:
         spec["image"] = image
@@ -51,9 +65,18 @@ def _spec_from_options(spec_file: Path | None, image: str | None, steps: tuple[s
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
-async def episode_start(ctx: Context, spec_file: Path | None, image: str | None, steps: tuple[str, ...],
-                        reward: str | None, interactive: bool, episode_id: str | None,
-                        node: str | None, wait: bool, as_json: bool) -> None:  # fmt: skip
+async def episode_start(
+    ctx: Context,
+    spec_file: Path | None,
+    image: str | None,
+    steps: tuple[str, ...],
+    reward: str | None,
+    interactive: bool,
+    episode_id: str | None,
+    node: str | None,
+    wait: bool,
+    as_json: bool,
+) -> None:
     """Start an episode; with --wait, print its result."""
     spec = _spec_from_options(spec_file, image, steps, reward, interactive)
     corral = await Corral.connect(ctx.config)
@@ -79,8 +102,10 @@ def _print_result(result: EpisodeResult | None, as_json: bool) -> None:
     if as_json:
         emit_json(result)
         return
-    out.print(f"[bold]{result.episode_id}[/] {result.outcome} on {result.node} "
-              f"in {result.duration_s:.2f} s {result.reason}")  # fmt: skip
+    out.print(
+        f"[bold]{result.episode_id}[/] {result.outcome} on {result.node} "
+        f"in {result.duration_s:.2f} s {result.reason}"
+    )
     for step in result.steps + ([result.reward] if result.reward else []):
         mark = "[green]ok[/]" if step.ok else f"[red]exit {step.exit_code}[/]"
         out.print(f"  [{step.index}] {mark} {step.duration_s * 1000:.0f} ms  $ {step.cmd}")
@@ -96,8 +121,9 @@ def _print_result(result: EpisodeResult | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
-async def episode_exec(ctx: Context, episode_id: str, command: tuple[str, ...],
-                       timeout_s: float | None, as_json: bool) -> None:  # fmt: skip
+async def episode_exec(
+    ctx: Context, episode_id: str, command: tuple[str, ...], timeout_s: float | None, as_json: bool
+) -> None:
     """Run COMMAND in a running interactive episode (a Temporal Update)."""
     corral = await Corral.connect(ctx.config)
     result = await corral.episode(episode_id).exec(shell_join(command), timeout_s=timeout_s)
@@ -137,8 +163,9 @@ async def episode_show(ctx: Context, episode_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
-async def episode_list(ctx: Context, state: str | None, query: str | None, limit: int,
-                       as_json: bool) -> None:  # fmt: skip
+async def episode_list(
+    ctx: Context, state: str | None, query: str | None, limit: int, as_json: bool
+) -> None:
     """List episodes (newest first) from Temporal's visibility store."""
     clauses = [f"EpisodeState = '{state}'"] if state else []
     clauses += [query] if query else []
@@ -149,8 +176,15 @@ async def episode_list(ctx: Context, state: str | None, query: str | None, limit
         return
     table = Table("episode", "status", "state", "node", "image", "alerts", "started")
     for r in rows:
-        table.add_row(r.episode_id, r.status, r.state, r.node, r.image, ",".join(r.anomaly_rules),
-                      f"{r.start_time:%H:%M:%S}" if r.start_time else "")  # fmt: skip
+        table.add_row(
+            r.episode_id,
+            r.status,
+            r.state,
+            r.node,
+            r.image,
+            ",".join(r.anomaly_rules),
+            f"{r.start_time:%H:%M:%S}" if r.start_time else "",
+        )
     out.print(table)
 
 
@@ -179,24 +213,39 @@ async def episode_release(ctx: Context, episode_id: str, reason: str) -> None:
 
 
 @click.command("run")
-@click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              required=True)
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+)
 @click.option("--episodes", type=click.IntRange(1, 100_000), default=10)
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=8)
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("results.parquet"), show_default=True)
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("results.parquet"),
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
-async def run_batch(ctx: Context, spec_file: Path, episodes: int, concurrency: int, out_file: Path,
-                    as_json: bool) -> None:  # fmt: skip
+async def run_batch(
+    ctx: Context, spec_file: Path, episodes: int, concurrency: int, out_file: Path, as_json: bool
+) -> None:
     """Run a batch of episodes with a progress bar; write every result to Parquet."""
     spec = load_spec_file(spec_file)
     corral = await Corral.connect(ctx.config)
     results: list[EpisodeResult] = []
     started = time.monotonic()
-    columns = (TextColumn("[bold]episodes"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[tally]}"), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("[bold]episodes"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tally]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=as_json) as progress:
         task = progress.add_task("run", total=episodes, tally="")
         async for result in corral.run_batch(spec, n=episodes, concurrency=concurrency):
@@ -209,12 +258,16 @@ async def run_batch(ctx: Context, spec_file: Path, episodes: int, concurrency: i
     if as_json:
         emit_json(summary)
         return
-    out.print(f"[bold]{summary['episodes']} episodes[/] in {summary['wall_s']:.1f} s "
-              f"({summary['per_second']:.2f}/s): {summary['outcomes']}")  # fmt: skip
+    out.print(
+        f"[bold]{summary['episodes']} episodes[/] in {summary['wall_s']:.1f} s "
+        f"({summary['per_second']:.2f}/s): {summary['outcomes']}"
+    )
     for reason, count in summary["failed_by_reason"].items():
         out.print(f"  failed x{count}: {reason}")
-    out.print(f"  duration p50 {summary['p50_s']:.2f} s, p99 {summary['p99_s']:.2f} s; "
-              f"results in {out_file}")  # fmt: skip
+    out.print(
+        f"  duration p50 {summary['p50_s']:.2f} s, p99 {summary['p99_s']:.2f} s; "
+        f"results in {out_file}"
+    )
 
 
 def batch_summary(results: list[EpisodeResult], wall_s: float) -> dict[str, Any]:
@@ -234,13 +287,24 @@ def batch_summary(results: list[EpisodeResult], wall_s: float) -> dict[str, Any]
 def write_results(results: list[EpisodeResult], path: Path) -> None:
     import polars as pl
 
-    rows = [{
-        "episode_id": r.episode_id, "outcome": r.outcome, "reason": r.reason, "node": r.node,
-        "image": r.image, "tenant": r.tenant, "steps": len(r.steps), "duration_s": r.duration_s,
-        "provision_s": r.provision_s, "teardown_s": r.teardown_s,
-        "reward_exit_code": r.reward.exit_code if r.reward else None,
-        "alerts": [a.rule for a in r.alerts], "result_json": r.model_dump_json(),
-    } for r in results]  # fmt: skip
+    rows = [
+        {
+            "episode_id": r.episode_id,
+            "outcome": r.outcome,
+            "reason": r.reason,
+            "node": r.node,
+            "image": r.image,
+            "tenant": r.tenant,
+            "steps": len(r.steps),
+            "duration_s": r.duration_s,
+            "provision_s": r.provision_s,
+            "teardown_s": r.teardown_s,
+            "reward_exit_code": r.reward.exit_code if r.reward else None,
+            "alerts": [a.rule for a in r.alerts],
+            "result_json": r.model_dump_json(),
+        }
+        for r in results
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows).write_parquet(path)
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 from rich.table import Table
 
 from corral.cli import Context, emit_json, fail, out, pass_ctx, run_async, shell_join
@@ -26,7 +27,9 @@ async def node_client(config: StackConfig, node: str) -> AsyncIterator[Container
     socket = config.containerd_socket(node)
     if not socket.exists():
         fail(f"containerd of {node} is not running ({socket} missing); run `corral up`")
-    async with await Containerd.connect(str(socket), namespace=config.nodes.containerd_namespace) as c:
+    async with await Containerd.connect(
+        str(socket), namespace=config.nodes.containerd_namespace
+    ) as c:
         yield c
 
 
@@ -46,7 +49,9 @@ def image() -> None:
 @click.option("--node", default=None)
 @pass_ctx
 @run_async
-async def image_build(ctx: Context, kind: str, packages: str, name: str | None, node: str | None) -> None:
+async def image_build(
+    ctx: Context, kind: str, packages: str, name: str | None, node: str | None
+) -> None:
     """Build an image locally (no registry needed) and import it."""
     config = ctx.config
     if kind == "busybox":
@@ -58,17 +63,26 @@ async def image_build(ctx: Context, kind: str, packages: str, name: str | None, 
     await _build_debian(config, [p for p in packages.split(",") if p.strip()], name, node)
 
 
-async def _build_debian(config: StackConfig, packages: list[str], name: str | None,
-                        node: str | None) -> None:  # fmt: skip
+async def _build_debian(
+    config: StackConfig, packages: list[str], name: str | None, node: str | None
+) -> None:
     from sandbox.debian import build_debian_image, write_debian_archive
 
-    cache = config.state.parent / "cache" if config.state.parent.name == ".state" else config.state / "cache"
-    image_name = resolve_image_name(name or ("debian-" + "-".join(sorted(packages)) if packages else "debian"))
+    cache = (
+        config.state.parent / "cache"
+        if config.state.parent.name == ".state"
+        else config.state / "cache"
+    )
+    image_name = resolve_image_name(
+        name or ("debian-" + "-".join(sorted(packages)) if packages else "debian")
+    )
     started = time.monotonic()
     click.echo(f"building {image_name} (debootstrap, cached in {cache})…", err=True)
     built = await asyncio.to_thread(build_debian_image, cache / "debian", packages)
     with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
-        archive = await asyncio.to_thread(write_debian_archive, built, Path(tmp) / "image.tar", image_name)
+        archive = await asyncio.to_thread(
+            write_debian_archive, built, Path(tmp) / "image.tar", image_name
+        )
         for each in _nodes(config, node):
             async with node_client(config, each) as client:
                 await client.images.import_archive(archive)
@@ -139,16 +153,32 @@ def sandbox() -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
 @run_async
-async def sandbox_run(ctx: Context, image_name: str, memory_mb: int, cpus: float, pids: int,
-                      timeout_s: float, runtime: str, read_only_root: bool, node: str | None,
-                      as_json: bool, command: tuple[str, ...]) -> None:  # fmt: skip
+async def sandbox_run(
+    ctx: Context,
+    image_name: str,
+    memory_mb: int,
+    cpus: float,
+    pids: int,
+    timeout_s: float,
+    runtime: str,
+    read_only_root: bool,
+    node: str | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
     """Create a sandbox, run COMMAND in it, print its output, tear it down."""
     try:
-        spec = SandboxSpec(image=resolve_image_name(image_name), memory_mb=memory_mb, cpu_cores=cpus,
-                           pids_limit=pids, runtime=runtime, read_only_root=read_only_root,
-                           labels={"corral.cli": "sandbox-run"})  # fmt: skip
-    except ValueError as err:
-        fail(f"invalid sandbox: {describe_validation_error(err) if hasattr(err, 'errors') else err}")
+        spec = SandboxSpec(
+            image=resolve_image_name(image_name),
+            memory_mb=memory_mb,
+            cpu_cores=cpus,
+            pids_limit=pids,
+            runtime=runtime,
+            read_only_root=read_only_root,
+            labels={"corral.cli": "sandbox-run"},
+        )
+    except ValidationError as err:
+        fail(f"invalid sandbox: {describe_validation_error(err)}")
     sandbox_id = f"cli-{uuid.uuid4().hex[:12]}"
     async with node_client(ctx.config, node or ctx.config.node_names()[0]) as client:
         try:

@@ -9,11 +9,11 @@ import click
 from rich.table import Table
 
 from corral.cli import Context, emit_json, fail, out, pass_ctx, run_async
+from policies.falco.engine import Ruleset
 from policies.falco.explain import explain_rule
 from policies.falco.fields import default_registry
 from policies.falco.loader import load_files
-from policies.falco.engine import Ruleset
-from policies.falco.validate import validate_files
+from policies.falco.validate import ValidationReport, validate_files
 from sandbox.errors import CorralError
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -38,7 +38,7 @@ def validate(ctx: Context, files: tuple[Path, ...], responses: Path | None, as_j
 
         try:
             load_responses(responses)
-        except Exception as err:  # noqa: BLE001 - reported as a validation error
+        except Exception as err:
             report.errors.append(" ".join(str(err).split()))
     if as_json:
         emit_json(report.to_dict())
@@ -48,23 +48,25 @@ def validate(ctx: Context, files: tuple[Path, ...], responses: Path | None, as_j
         raise SystemExit(1)
 
 
-def _print_report(report: object) -> None:
-    rules = getattr(report, "rules")
+def _print_report(report: ValidationReport) -> None:
+    rules = report.rules
     table = Table("rule", "status", "priority", "event types", "reason")
     for r in rules:
         colour = {"supported": "green", "disabled": "dim"}.get(r.status, "red")
         types = "all" if r.event_types is None else ",".join(r.event_types)[:40]
         table.add_row(r.name, f"[{colour}]{r.status}[/]", r.priority, types, r.reason or "")
     out.print(table)
-    for err in getattr(report, "errors"):
+    for err in report.errors:
         out.print(f"[red]error:[/] {err}", markup=True)
-    counts = getattr(report, "counts")()
+    counts = report.counts()
     out.print("  ".join(f"{k}: {v}" for k, v in counts.items()))
 
 
 @policy.command("explain")
 @click.argument("rule")
-@click.option("--rules", "files", multiple=True, type=_FILE, help="Rule files (default: the stack's).")
+@click.option(
+    "--rules", "files", multiple=True, type=_FILE, help="Rule files (default: the stack's)."
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def explain(ctx: Context, rule: str, files: tuple[Path, ...], as_json: bool) -> None:
@@ -79,8 +81,18 @@ def explain(ctx: Context, rule: str, files: tuple[Path, ...], as_json: bool) -> 
     if as_json:
         emit_json(data)
         return
-    for key in ("name", "status", "priority", "tags", "event_types_text", "fields", "macros",
-                "lists", "output", "file"):  # fmt: skip
+    for key in (
+        "name",
+        "status",
+        "priority",
+        "tags",
+        "event_types_text",
+        "fields",
+        "macros",
+        "lists",
+        "output",
+        "file",
+    ):
         out.print(f"[bold]{key}[/]: {data.get(key)}")
     out.print(f"[bold]condition[/]:\n  {data['condition_with_exceptions']}", markup=True)
     out.print(f"[bold]expanded[/]:\n  {data['expanded_condition']}", markup=True)

@@ -27,8 +27,13 @@ def parse_since(value: str | None) -> datetime | None:
 
 @click.command()
 @click.option("--since", default=None, help="Only what ran since: 30m, 2h, 1d or an ISO time.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to write the plots and index.html (default <state>/report).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the plots and index.html (default <state>/report).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool) -> None:
@@ -42,8 +47,10 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
         return
     if summary.message:
         out.print(summary.message)
-    out.print(f"episodes: {summary.episodes_total} {dict(summary.episodes_by_outcome)}; "
-              f"alerts: {summary.alerts_total}")  # fmt: skip
+    out.print(
+        f"episodes: {summary.episodes_total} {dict(summary.episodes_by_outcome)}; "
+        f"alerts: {summary.alerts_total}"
+    )
     out.print(f"report: {summary.html}")
 
 
@@ -60,8 +67,13 @@ async def bench(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bo
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=2 * n + 2 * exec_n)
-        result = await run_bench(ctx.config, n=n, concurrency=concurrency, exec_n=exec_n,
-                                 tick=lambda: progress.advance(task))  # fmt: skip
+        result = await run_bench(
+            ctx.config,
+            n=n,
+            concurrency=concurrency,
+            exec_n=exec_n,
+            tick=lambda: progress.advance(task),
+        )
     if as_json:
         emit_json(as_dict(result))
         return

@@ -14,20 +14,34 @@ from workers.stack import Stack
 from workflows.models import EpisodeResult, EpisodeSpec
 
 DEMO_SPECS: list[dict[str, Any]] = [
-    {"image": "busybox", "steps": ["echo hello from a sandbox", "uname -a", "ls /"],
-     "labels": {"demo": "hello"}},
-    {"image": "busybox", "steps": ["echo 40 > /workspace/x", "expr $(cat /workspace/x) + 2"],
-     "reward": "expr $(cat /workspace/x) + 2", "labels": {"demo": "reward"}},
-    {"image": "busybox", "steps": ["ip addr 2>/dev/null || cat /proc/net/dev"],
-     "labels": {"demo": "network-none"}},
+    {
+        "image": "busybox",
+        "steps": ["echo hello from a sandbox", "uname -a", "ls /"],
+        "labels": {"demo": "hello"},
+    },
+    {
+        "image": "busybox",
+        "steps": ["echo 40 > /workspace/x", "expr $(cat /workspace/x) + 2"],
+        "reward": "expr $(cat /workspace/x) + 2",
+        "labels": {"demo": "reward"},
+    },
+    {
+        "image": "busybox",
+        "steps": ["ip addr 2>/dev/null || cat /proc/net/dev"],
+        "labels": {"demo": "network-none"},
+    },
     {"image": "busybox", "steps": ["echo this step fails; exit 3"], "labels": {"demo": "failure"}},
-    {"image": "busybox", "steps": ["head -c 1000000 /dev/zero | wc -c", "cat /proc/self/status | grep -i cap"],
-     "labels": {"demo": "limits"}},
-]  # fmt: skip
+    {
+        "image": "busybox",
+        "steps": ["head -c 1000000 /dev/zero | wc -c", "cat /proc/self/status | grep -i cap"],
+        "labels": {"demo": "limits"},
+    },
+]
 
 
-async def run_demo(config: StackConfig, *, episodes: int, say: Callable[..., None],
-                   out: Console) -> list[EpisodeResult]:  # fmt: skip
+async def run_demo(
+    config: StackConfig, *, episodes: int, say: Callable[..., None], out: Console
+) -> list[EpisodeResult]:
     stack = Stack(config)
     status = await stack.status()
     if not status.up:
@@ -40,9 +54,10 @@ async def run_demo(config: StackConfig, *, episodes: int, say: Callable[..., Non
     for handle, spec in zip(handles, specs, strict=True):
         try:
             results.append(await handle.result())
-        except Exception as err:  # noqa: BLE001 - a demo shows failures, it does not stop
+        except Exception as err:
             result = getattr(err, "result", None) or EpisodeResult(
-                episode_id=handle.id, outcome="failed", reason=str(err), image=spec.image)
+                episode_id=handle.id, outcome="failed", reason=str(err), image=spec.image
+            )
             results.append(result)
     _print(results, out)
     out.print(f"\nSee them in the Temporal Web UI: {status.ui_url}")
@@ -51,11 +66,25 @@ async def run_demo(config: StackConfig, *, episodes: int, say: Callable[..., Non
 
 
 def _print(results: list[EpisodeResult], out: Console) -> None:
-    table = Table("episode", "outcome", "node", "steps", "last output", "reason", title="Demo episodes")
+    table = Table(
+        "episode", "outcome", "node", "steps", "last output", "reason", title="Demo episodes"
+    )
     for r in results:
-        last = next((s.stdout.strip().splitlines()[-1] for s in reversed(r.steps + ([r.reward] if r.reward else []))
-                     if s.stdout.strip()), "")  # fmt: skip
+        last = next(
+            (
+                s.stdout.strip().splitlines()[-1]
+                for s in reversed(r.steps + ([r.reward] if r.reward else []))
+                if s.stdout.strip()
+            ),
+            "",
+        )
         colour = "green" if r.outcome == "completed" else "red"
-        table.add_row(r.episode_id, f"[{colour}]{r.outcome}[/]", r.node, str(len(r.steps)),
-                      last[:50], r.reason[:60])  # fmt: skip
+        table.add_row(
+            r.episode_id,
+            f"[{colour}]{r.outcome}[/]",
+            r.node,
+            str(len(r.steps)),
+            last[:50],
+            r.reason[:60],
+        )
     out.print(table)

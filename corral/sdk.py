@@ -27,10 +27,12 @@ from pydantic import ValidationError
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import (
     Client,
-    WorkflowExecutionStatus as Status,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+)
+from temporalio.client import (
+    WorkflowExecutionStatus as Status,
 )
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
@@ -113,15 +115,17 @@ class Episode:
         stdin: str | None = None,
     ) -> StepResult:
         """Run one command in the sandbox and return its result (never raises on exit code)."""
-        request = ExecRequest(cmd=cmd, timeout_s=timeout_s, env=env or {}, workdir=workdir,
-                              stdin=stdin)  # fmt: skip
+        request = ExecRequest(
+            cmd=cmd, timeout_s=timeout_s, env=env or {}, workdir=workdir, stdin=stdin
+        )
         result: StepResult = await self._update("exec", request, StepResult)
         return result
 
     async def write_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
         data = content.encode() if isinstance(content, str) else content
-        request = WriteFileRequest(path=path, content_b64=base64.b64encode(data).decode(),
-                                   mode=mode)  # fmt: skip
+        request = WriteFileRequest(
+            path=path, content_b64=base64.b64encode(data).decode(), mode=mode
+        )
         await self._update("write_file", request, None)
 
     async def read_file(self, path: str, *, max_bytes: int = 1_048_576) -> bytes:
@@ -147,17 +151,13 @@ class Episode:
 
     async def status(self) -> EpisodeStatus:
         try:
-            status: EpisodeStatus = await self._handle.query(
-                EpisodeWorkflow.status, result_type=EpisodeStatus
-            )
+            status: EpisodeStatus = await self._handle.query(EpisodeWorkflow.status)
             return status
         except RPCError as err:
             raise _rpc_error(self.id, err) from err
 
     async def steps(self) -> list[StepResult]:
-        steps: list[StepResult] = await self._handle.query(
-            EpisodeWorkflow.steps, result_type=list[StepResult]
-        )
+        steps: list[StepResult] = await self._handle.query(EpisodeWorkflow.steps)
         return steps
 
     async def kill(self, reason: str = "", by: str = "") -> None:
@@ -235,11 +235,13 @@ class Corral:
             self._input(spec, node),
             id=episode_id,
             task_queue=self.config.workers.workflow_task_queue,
-            search_attributes=TypedSearchAttributes([
-                SearchAttributePair(_STATE, "pending"),
-                SearchAttributePair(_TENANT, spec.tenant),
-                SearchAttributePair(_IMAGE, spec.image),
-            ]),  # fmt: skip
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(_STATE, "provisioning"),
+                    SearchAttributePair(_TENANT, spec.tenant),
+                    SearchAttributePair(_IMAGE, spec.image),
+                ]
+            ),
             static_summary=summary,
             static_details=f"tenant `{spec.tenant}`; labels {spec.labels or '{}'}",
         )
@@ -293,29 +295,38 @@ class Corral:
             return err.result or EpisodeResult(
                 episode_id=episode_id, outcome="failed", reason=str(err), image=spec.image
             )
-        except Exception as err:  # noqa: BLE001 - one broken episode must not end a batch
-            return EpisodeResult(episode_id=episode_id, outcome="failed",
-                                 reason=" ".join(str(err).split())[:300], image=spec.image)  # fmt: skip
+        except Exception as err:
+            return EpisodeResult(
+                episode_id=episode_id,
+                outcome="failed",
+                reason=" ".join(str(err).split())[:300],
+                image=spec.image,
+            )
 
-    async def list_episodes(self, query: str | None = None, limit: int = 100) -> list[EpisodeSummary]:
+    async def list_episodes(
+        self, query: str | None = None, limit: int = 100
+    ) -> list[EpisodeSummary]:
         """Episodes from Temporal's visibility, newest first (a List Filter `query`)."""
         base = "WorkflowType = 'EpisodeWorkflow'"
         full = f"{base} AND ({query})" if query else base
         rows: list[EpisodeSummary] = []
         async for wf in self.client.list_workflows(full, limit=limit):
             attrs = wf.typed_search_attributes
-            rows.append(EpisodeSummary(
-                episode_id=wf.id,
-                status=wf.status.name if wf.status else "UNKNOWN",
-                state=attrs.get(_STATE) or "",
-                image=attrs.get(_IMAGE) or "",
-                tenant=attrs.get(_TENANT) or "",
-                node=attrs.get(SearchAttributeKey.for_keyword("SandboxNode")) or "",
-                anomaly_rules=list(attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule"))
-                                   or []),
-                start_time=wf.start_time,
-                close_time=wf.close_time,
-            ))  # fmt: skip
+            rows.append(
+                EpisodeSummary(
+                    episode_id=wf.id,
+                    status=wf.status.name if wf.status else "UNKNOWN",
+                    state=attrs.get(_STATE) or "",
+                    image=attrs.get(_IMAGE) or "",
+                    tenant=attrs.get(_TENANT) or "",
+                    node=attrs.get(SearchAttributeKey.for_keyword("SandboxNode")) or "",
+                    anomaly_rules=list(
+                        attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule")) or []
+                    ),
+                    start_time=wf.start_time,
+                    close_time=wf.close_time,
+                )
+            )
         return rows
 
     async def is_running(self, episode_id: str) -> bool:

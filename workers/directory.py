@@ -40,7 +40,11 @@ class SandboxDirectory:
                 client = await self._client(node)
                 for info in await client.list_sandboxes({"corral.sandbox": "1"}):
                     if info.id.startswith(container_id):
-                        labels = {**info.labels, "corral.full_id": info.id, "corral.image": info.image}
+                        labels = {
+                            **info.labels,
+                            "corral.full_id": info.id,
+                            "corral.image": info.image,
+                        }
                         self._labels[container_id] = labels
                         return labels
         return None

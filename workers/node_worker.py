@@ -34,8 +34,12 @@ async def watch_ooms(containerd: Containerd, node: str, metrics: Metrics) -> Non
 
 
 async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -> None:
-    setup_tracing(f"corral-node-{node}", exporter=config.observability.traces,
-                  path=config.traces_file, otlp_endpoint=config.observability.otlp_endpoint)
+    setup_tracing(
+        f"corral-node-{node}",
+        exporter=config.observability.traces,
+        path=config.traces_file,
+        otlp_endpoint=config.observability.otlp_endpoint,
+    )
     otel_port, sdk_port = config.metrics_ports(node)
     metrics = setup_metrics(f"corral-node-{node}", prometheus_port=otel_port)
     client = await connect(config, runtime=temporal_runtime_with_prometheus(sdk_port))

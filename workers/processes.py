@@ -40,8 +40,9 @@ class ManagedProcess:
     def running(self) -> bool:
         return self.pid() is not None
 
-    def start(self, argv: list[str], *, env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> int:  # fmt: skip
+    def start(
+        self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         """Start unless already running; returns the pid."""
         existing = self.pid()
         if existing is not None:

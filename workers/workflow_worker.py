@@ -1,6 +1,6 @@
 """The workflow worker: runs Corral's deterministic workflows (no sandbox I/O).
 
-    python -m workers.workflow_worker
+python -m workers.workflow_worker
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextlib
 import signal
 
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from observability.metrics import temporal_runtime_with_prometheus
 from observability.tracing import flush_tracing, setup_tracing
@@ -18,9 +19,22 @@ from workers.temporal import connect
 from workflows.registry import WORKFLOWS
 
 
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The sandbox still guards determinism (time, random, I/O calls), but every
+    module is passed through instead of re-imported for each workflow run: the
+    re-import of pydantic models cost more CPU than the workflow itself."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
+    )
+
+
 async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
-    setup_tracing("corral-workflow-worker", exporter=config.observability.traces,
-                  path=config.traces_file, otlp_endpoint=config.observability.otlp_endpoint)
+    setup_tracing(
+        "corral-workflow-worker",
+        exporter=config.observability.traces,
+        path=config.traces_file,
+        otlp_endpoint=config.observability.otlp_endpoint,
+    )
     _, sdk_port = config.metrics_ports()
     runtime = temporal_runtime_with_prometheus(sdk_port)
     client = await connect(config, runtime=runtime)
@@ -29,6 +43,7 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
         task_queue=config.workers.workflow_task_queue,
         workflows=WORKFLOWS,
         max_concurrent_workflow_tasks=200,
+        workflow_runner=workflow_runner(),
     )
     async with worker:
         await stop.wait()

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         SandboxRef,
         Step,
         StepResult,
+        TeardownInput,
         WriteFileInput,
         WriteFileRequest,
     )
@@ -55,6 +56,11 @@ TENANT = SearchAttributeKey.for_keyword("Tenant")
 
 # Errors that no retry can fix: fail the provision at once.
 NON_RETRYABLE = ["InvalidSpec", "ImageNotFound", "SandboxPaused", "SandboxNotFound"]
+# States written to the EpisodeState search attribute (the SDK starts episodes
+# as "provisioning"); passing states like "placing" only show in the details.
+VISIBLE_STATES = frozenset(
+    {"running", "quarantined", "completed", "failed", "killed", "timed_out", "cancelled"}
+)
 # Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
 MAX_STEPS_PER_RUN = 400
 
@@ -176,7 +182,9 @@ class EpisodeWorkflow:
             remaining = (deadline - workflow.now()).total_seconds()
             if remaining <= 0:
                 lifetime = self._spec.timeouts.max_lifetime_s
-                self._kill = _Killed(f"maximum lifetime of {lifetime:g} s reached", None, "timed_out")
+                self._kill = _Killed(
+                    f"maximum lifetime of {lifetime:g} s reached", None, "timed_out"
+                )
                 continue
             try:
                 await workflow.wait_condition(
@@ -262,9 +270,8 @@ class EpisodeWorkflow:
                         non_retryable=True,
                     )
             self._scripted_done = True
-        if self._spec.interactive:
-            if not await self._wait_for_finish():
-                return None  # continue-as-new is due: the next run goes on
+        if self._spec.interactive and not await self._wait_for_finish():
+            return None  # continue-as-new is due: the next run goes on
         await self._wait_unfrozen()
         if self._spec.reward is None:
             return None
@@ -278,9 +285,11 @@ class EpisodeWorkflow:
             seen = self._activity_seq
             try:
                 await workflow.wait_condition(
-                    lambda: self._finish_requested
-                    or self._activity_seq != seen
-                    or self._wants_continue_as_new(),
+                    lambda: (
+                        self._finish_requested
+                        or self._activity_seq != seen  # noqa: B023 - awaited within this iteration
+                        or self._wants_continue_as_new()
+                    ),
                     timeout=ttl,
                 )
             except TimeoutError:
@@ -472,11 +481,9 @@ class EpisodeWorkflow:
     async def _close(self, outcome: str, reason: str, reward: StepResult | None) -> EpisodeResult:
         self._reason = reason
         self._set_state("closing")
-        teardown_s = 0.0
-        if self._node:
-            teardown_s = await self._teardown()
+        info = workflow.info()
         result = EpisodeResult(
-            episode_id=workflow.info().workflow_id,
+            episode_id=info.workflow_id,
             outcome=outcome,  # type: ignore[arg-type]
             reason=reason,
             node=self._node,
@@ -489,34 +496,29 @@ class EpisodeWorkflow:
             started_at=self._started_at,
             ended_at=workflow.now(),
             provision_s=self._provision_s,
-            teardown_s=teardown_s,
         )
+        if self._node:
+            # One activity tears down and records: a second one per episode
+            # cost the server more than the record is worth.
+            record = RecordEpisodeInput(
+                result=result, workflow_id=info.workflow_id, run_id=info.run_id
+            )
+            result.teardown_s = await self._teardown(record)
         self._set_state(outcome)
-        await self._record(result)
         return result
 
-    async def _teardown(self) -> float:
+    async def _teardown(self, record: RecordEpisodeInput) -> float:
         """Always attempted; if the node is gone, the janitor reaps the sandbox."""
         try:
             done = await self._node_activity(
-                NodeActivities.teardown, SandboxRef(sandbox_id=self._sandbox_id), timeout_s=120
+                NodeActivities.teardown,
+                TeardownInput(sandbox_id=self._sandbox_id, record=record),
+                timeout_s=120,
             )
             return float(done.teardown_s)
         except ActivityError as err:
             workflow.logger.warning("teardown of %s failed: %s", self._sandbox_id, err)
             return 0.0
-
-    async def _record(self, result: EpisodeResult) -> None:
-        info = workflow.info()
-        try:
-            await self._node_activity(
-                NodeActivities.record_episode,
-                RecordEpisodeInput(result=result, workflow_id=info.workflow_id, run_id=info.run_id),
-                timeout_s=30,
-                attempts=3,
-            )
-        except ActivityError as err:
-            workflow.logger.warning("recording %s failed: %s", info.workflow_id, err)
 
     # -------------------------------------------------------- continue-as-new
     def _wants_continue_as_new(self) -> bool:
@@ -565,7 +567,12 @@ class EpisodeWorkflow:
         self._last_activity = workflow.now()
 
     def _set_state(self, state: str) -> None:
+        """Every state shows in the workflow's details; only those on-call filters
+        by are written to visibility, because each upsert rewrites its row."""
         self._state = state
+        workflow.set_current_details(self._details())
+        if state not in VISIBLE_STATES:
+            return
         self._upsert(
             EPISODE_STATE.value_set(state),
             TENANT.value_set(self._spec.tenant),
@@ -573,10 +580,14 @@ class EpisodeWorkflow:
             *([SANDBOX_NODE.value_set(self._node)] if self._node else []),
         )
         workflow.upsert_memo(
-            {"state": state, "node": self._node, "sandbox_id": self._sandbox_id,
-             "reason": self._reason, "steps": len(self._steps)}
+            {
+                "state": state,
+                "node": self._node,
+                "sandbox_id": self._sandbox_id,
+                "reason": self._reason,
+                "steps": len(self._steps),
+            }
         )
-        workflow.set_current_details(self._details())
 
     def _details(self) -> str:
         rules = ", ".join(sorted({a.rule for a in self._alerts})) or "none"
@@ -605,7 +616,8 @@ def _outcome_of(err: ApplicationError) -> str:
 
 
 def _cause_message(err: ActivityError) -> str:
-    cause = err.cause
-    while cause is not None and cause.cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.cause
-    return str(getattr(cause, "message", None) or cause or err)
+    """The innermost application error's message: what actually went wrong."""
+    cause: BaseException | None = err.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = getattr(cause, "cause", None)
+    return str(cause.message) if isinstance(cause, ApplicationError) else str(err)

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, empty_pb2
 
+from sandbox import network, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.namespaces.v1 import namespace_pb2
@@ -27,6 +29,7 @@ from sandbox._gen.containerd.runtime.v2.runc.options import oci_pb2
 from sandbox.connection import DEFAULT_SNAPSHOTTER, Connection
 from sandbox.errors import (
     ContainerdUnavailable,
+    InvalidSpec,
     SandboxAlreadyExists,
     SandboxError,
     SandboxNotFound,
@@ -35,9 +38,15 @@ from sandbox.errors import (
 from sandbox.events import DEFAULT_TOPICS, subscribe_events
 from sandbox.grpc_errors import is_not_found, map_grpc_error, one_line
 from sandbox.images import ImageStore
-from sandbox.models import SandboxEvent, SandboxInfo, SandboxSpec, validate_sandbox_id
+from sandbox.models import (
+    SandboxEvent,
+    SandboxInfo,
+    SandboxSpec,
+    parse_user,
+    validate_sandbox_id,
+)
 from sandbox.sandbox import KILL_WAIT_S, SIGKILL, STATUS_NAMES, Sandbox
-from sandbox.spec import build_oci_spec
+from sandbox.spec import HOST_INIT, build_oci_spec
 
 SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
 # Bare type url: Any.Pack would prefix "type.googleapis.com/", which containerd rejects.
@@ -46,6 +55,7 @@ SHIM_GROUP_LABEL = "io.containerd.runc.v2.group"
 SANDBOX_LABEL = "corral.sandbox"
 IMAGE_LABEL = "corral.image"
 RUNTIME_LABEL = "corral.runtime"
+NETWORK_LABEL = "corral.network"
 ALIVE = {task_pb2.RUNNING, task_pb2.PAUSED, task_pb2.PAUSING}
 
 Undo = Callable[[], Awaitable[Any]]
@@ -54,17 +64,30 @@ Undo = Callable[[], Awaitable[Any]]
 class Containerd:
     """Async client for one containerd namespace. Use ``await Containerd.connect(socket)``."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, network_state_dir: Path | None = None,
+                 workspace_root: Path | None = None) -> None:
         self._conn = conn
         self.images = ImageStore(conn)
         self._id_locks = KeyedLocks()
+        socket_dir = Path(conn.socket).resolve().parent
+        # Node layout (workers.config): <node>/containerd/containerd.sock, <node>/network.
+        self.network_state_dir = Path(network_state_dir or socket_dir.parent / "network")
+        self.workspace_root = Path(workspace_root or socket_dir / "workspaces")
 
     @classmethod
     async def connect(cls, socket: str, namespace: str = "corral", *,
                       snapshotter: str = DEFAULT_SNAPSHOTTER, runc_root: str | None = None,
+                      network_state_dir: str | Path | None = None,
+                      workspace_root: str | Path | None = None,
                       timeout_s: float = 5.0) -> Containerd:
-        """Connect to containerd at ``socket``; runc state goes to ``runc_root``
-        (default: ``runc/`` beside the socket, which is what ContainerdDaemon expects)."""
+        """Connect to containerd at ``socket``.
+
+        runc state goes to ``runc_root`` (default: ``runc/`` beside the socket,
+        which is what ContainerdDaemon expects); the egress allowlist's state
+        (``sandbox.network``'s ``state_dir``) to ``network_state_dir`` (default
+        ``<socket dir>/../network``, the node activity's ``<node_dir>/network``);
+        workspace volumes to ``workspace_root`` (default ``<socket dir>/workspaces``).
+        """
         conn = Connection(socket, namespace, snapshotter, runc_root)
         try:
             await conn.version.Version(empty_pb2.Empty(), timeout=timeout_s)
@@ -78,7 +101,8 @@ class Containerd:
         except grpc.aio.AioRpcError as err:
             await conn.close()
             raise map_grpc_error(err, f"namespace {namespace!r} at {socket}") from err
-        return cls(conn)
+        return cls(conn, network_state_dir=Path(network_state_dir) if network_state_dir else None,
+                   workspace_root=Path(workspace_root) if workspace_root else None)
 
     @property
     def namespace(self) -> str:
@@ -109,26 +133,40 @@ class Containerd:
                              labels: dict[str, str] | None = None) -> Sandbox:
         """Create and start a sandbox; return the existing one if it is already alive."""
         validate_sandbox_id(sandbox_id)
+        _check_host_support(spec)
         # Two concurrent creates of one id in this process: the second waits and
         # then finds the first one's sandbox alive.
         async with self._id_locks.hold(sandbox_id):
-            existing = await self._alive_sandbox(sandbox_id)
+            existing = await self._alive_sandbox(sandbox_id, spec)
             if existing is not None:
                 return existing
             image = await self.images.get(spec.image)
             all_labels = {**spec.labels, **(labels or {}), SANDBOX_LABEL: "1",
-                          IMAGE_LABEL: image.name, RUNTIME_LABEL: spec.runtime}
+                          IMAGE_LABEL: image.name, RUNTIME_LABEL: spec.runtime,
+                          NETWORK_LABEL: spec.network}
             if spec.shim_group:
                 all_labels[SHIM_GROUP_LABEL] = spec.shim_group
             return await self._provision(sandbox_id, spec, image.name,
                                          image.chain_id or "", all_labels)
 
-    async def _alive_sandbox(self, sandbox_id: str) -> Sandbox | None:
-        """The sandbox if its task is alive; a half-made one is cleaned up first."""
+    async def _alive_sandbox(self, sandbox_id: str, spec: SandboxSpec) -> Sandbox | None:
+        """The sandbox if its task is alive; a half-made one is cleaned up first.
+
+        An alive sandbox whose allowlist was never attached (the creating
+        process died between start and attach) is attached now; attaching an
+        attached sandbox only re-applies its rules.
+        """
         container = await self._get_container(sandbox_id)
         if container is not None:
             task = await self._get_task(sandbox_id)
             if task is not None and task.status in ALIVE:
+                if spec.network == "allowlist":
+                    try:
+                        await network.attach_network(sandbox_id, task.pid, spec.egress,
+                                                     self.network_state_dir)
+                    except SandboxError:
+                        await self.destroy_sandbox(sandbox_id)
+                        raise
                 return self._sandbox_from(container)
         await self.destroy_sandbox(sandbox_id)  # half-made, stopped, or a leftover snapshot
         return None
@@ -144,8 +182,16 @@ class Containerd:
             step = "snapshot"
             mounts = await self._prepare_snapshot(sandbox_id, chain_id, image, lease)
             undo_stack.append(lambda: self._remove_snapshot(sandbox_id))
+            workspace = None
+            if spec.workspace_mb is not None:
+                step = "workspace"
+                undo_stack.append(lambda: volumes.remove_workspace(self.workspace_root,
+                                                                   sandbox_id))
+                uid, gid = parse_user(spec.user)
+                workspace = str(await volumes.create_workspace(
+                    self.workspace_root, sandbox_id, spec.workspace_mb, uid, gid))
             step = "container"
-            oci_spec = build_oci_spec(sandbox_id, spec)
+            oci_spec = build_oci_spec(sandbox_id, spec, workspace_source=workspace)
             container = _container_record(sandbox_id, spec, image, labels, oci_spec,
                                           conn.snapshotter, conn.runc_root)
             await conn.containers.Create(
@@ -159,8 +205,15 @@ class Containerd:
             )
             undo_stack.append(lambda: self._kill_and_delete_task(sandbox_id))
             step = "start"
-            await conn.tasks.Start(tasks_pb2.StartRequest(container_id=sandbox_id),
-                                   metadata=conn.md())
+            started = await conn.tasks.Start(tasks_pb2.StartRequest(container_id=sandbox_id),
+                                             metadata=conn.md())
+            if spec.network == "allowlist":
+                step = "network"
+                # Undo before the call: a half-made attachment is removed by detach too.
+                undo_stack.append(lambda: network.detach_network(sandbox_id,
+                                                                 self.network_state_dir))
+                await network.attach_network(sandbox_id, started.pid, spec.egress,
+                                             self.network_state_dir)
         except (grpc.aio.AioRpcError, SandboxError) as err:
             await _roll_back(undo_stack)
             raise _start_error(sandbox_id, step, err) from err
@@ -216,10 +269,13 @@ class Containerd:
 
     # -- destroy -----------------------------------------------------------------
     async def destroy_sandbox(self, sandbox_id: str) -> bool:
-        """Kill every process, delete task, container and snapshot. Idempotent."""
+        """Detach its network, kill every process, delete task, container, snapshot
+        and workspace volume. Idempotent."""
+        await network.detach_network(sandbox_id, self.network_state_dir)
         removed = await self._kill_and_delete_task(sandbox_id)
         removed = await self._delete_container(sandbox_id) or removed
         removed = await self._remove_snapshot(sandbox_id) or removed
+        removed = await volumes.remove_workspace(self.workspace_root, sandbox_id) or removed
         return removed
 
     async def _kill_and_delete_task(self, sandbox_id: str) -> bool:
@@ -359,6 +415,36 @@ class KeyedLocks:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+
+def _check_host_support(spec: SandboxSpec) -> None:
+    """What the spec needs from this host, checked before anything is made."""
+    if spec.init == "tini" and not HOST_INIT.is_file():
+        raise InvalidSpec(f"init 'tini' needs {HOST_INIT} on the host (apt-get install tini), "
+                          "or set init='none'")
+    if spec.runtime == "crun":
+        blocker = crun_blocker()
+        if blocker:
+            raise InvalidSpec(f"runtime 'crun' cannot run on this host: {blocker}")
+
+
+def crun_blocker(cgroup_root: Path = Path("/sys/fs/cgroup")) -> str | None:
+    """Why crun 1.8 refuses this host's cgroups, or None.
+
+    crun rejects a hybrid layout ("cgroups in hybrid mode not supported") while
+    the cgroup2 hierarchy at ``unified`` still holds a controller (hugetlb
+    here); mounting hugetlb as a v1 hierarchy moves it out (scripts/setup.sh).
+    """
+    controllers = cgroup_root / "unified" / "cgroup.controllers"
+    try:
+        held = controllers.read_text().split()
+    except OSError:
+        return None  # pure v1 or pure v2: crun copes
+    if held:
+        return (f"the cgroup2 hierarchy at {controllers.parent} holds {', '.join(held)}; "
+                f"mount it as cgroup v1 (mkdir -p {cgroup_root}/hugetlb && mount -t cgroup "
+                f"-o hugetlb cgroup {cgroup_root}/hugetlb), as scripts/setup.sh does")
+    return None
 
 
 async def _ensure_namespace(conn: Connection) -> None:

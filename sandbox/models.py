@@ -9,11 +9,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandbox.network import EgressRule
+
 # Runtimes we know how to drive, and the binary each one needs on PATH.
 RUNTIME_BINARIES: dict[str, tuple[str, ...]] = {
     "runc": ("runc", "containerd-shim-runc-v2"),
     "crun": ("crun", "containerd-shim-runc-v2"),
     "runsc": ("runsc", "containerd-shim-runsc-v1"),
+}
+RUNTIME_HINTS = {
+    "runsc": "gVisor is not installed on this host (no Debian package); use runc",
 }
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -57,7 +62,15 @@ class SandboxSpec(BaseModel):
     user: str = "0:0"
     read_only_root: bool = False
     tmpfs_mb: int = Field(default=64, ge=1)
-    network: Literal["none"] = "none"
+    # A size-capped ext4 volume (a sparse file on the host, loop-mounted) at
+    # /workspace: the only disk quota there is (overlayfs here has none).
+    workspace_mb: int | None = Field(default=None, ge=8, le=1_048_576)
+    # "none": own netns with loopback only; "allowlist": a veth with only `egress` reachable.
+    network: Literal["none", "allowlist"] = "none"
+    egress: list[EgressRule] = Field(default_factory=list)
+    # "tini": a reaping init (the host's static tini, bind-mounted read-only) runs `command`;
+    # "none": `command` itself is PID 1 (orphaned zombies then pile up against pids_limit).
+    init: Literal["tini", "none"] = "tini"
     runtime: str = "runc"
     shim_group: str | None = None
     command: list[str] = Field(default_factory=lambda: ["sleep", "2147483647"], min_length=1)
@@ -92,8 +105,17 @@ class SandboxSpec(BaseModel):
             raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIME_BINARIES)}")
         missing = [b for b in binaries if shutil.which(b) is None]
         if missing:
-            raise ValueError(f"runtime {runtime!r} needs {', '.join(missing)} on PATH")
+            hint = RUNTIME_HINTS.get(runtime)
+            raise ValueError(f"runtime {runtime!r} needs {', '.join(missing)} on PATH"
+                             + (f" ({hint})" if hint else ""))
         return runtime
+
+    @model_validator(mode="after")
+    def _egress_needs_allowlist(self) -> SandboxSpec:
+        if self.egress and self.network != "allowlist":
+            raise ValueError("egress rules need network='allowlist' "
+                             f"(network is {self.network!r})")
+        return self
 
     @model_validator(mode="after")
     def _tmpfs_below_memory(self) -> SandboxSpec:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import any_pb2
 
+from sandbox import network
 from sandbox._gen.cgroups.stats.v1 import metrics_pb2 as cgroup_metrics_pb2
 from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
 from sandbox._gen.containerd.api.types.task import task_pb2
@@ -22,6 +23,7 @@ from sandbox.errors import SandboxError, SandboxPaused
 from sandbox.exec_io import ExecPipes, OutputCallback, OutputCollector, kill_process_tree
 from sandbox.grpc_errors import is_not_found, map_grpc_error
 from sandbox.models import ExecResult, SandboxMetrics, SandboxStatus, parse_user
+from sandbox.network import NetworkAttachment
 from sandbox.spec import EXEC_OOM_SCORE_ADJ, exec_process
 
 if TYPE_CHECKING:
@@ -294,6 +296,32 @@ class Sandbox:
 
     async def destroy(self) -> bool:
         return await self._client.destroy_sandbox(self.id)
+
+    # -- network (quarantine) ----------------------------------------------------
+    async def network_attachment(self) -> NetworkAttachment | None:
+        """The sandbox's egress attachment, or None (network "none": loopback only)."""
+        for att in await network.list_attachments(self._client.network_state_dir):
+            if att.sandbox_id == self.id:
+                return att
+        return None
+
+    async def cut_network(self) -> bool:
+        """Quarantine: drop every packet to or from the sandbox, established flows too.
+
+        Returns False when there is nothing to cut (no allowlist attached: the
+        sandbox has loopback only). Idempotent; veth and rules stay in place.
+        """
+        if await self.network_attachment() is None:
+            return False
+        await network.cut_network(self.id, self._client.network_state_dir)
+        return True
+
+    async def restore_network(self) -> bool:
+        """Undo cut_network; False when the sandbox has no allowlist attached."""
+        if await self.network_attachment() is None:
+            return False
+        await network.restore_network(self.id, self._client.network_state_dir)
+        return True
 
     async def _task_call(self, action: str, rpc: Any, request: Any) -> Any:
         try:

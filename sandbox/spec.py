@@ -20,6 +20,7 @@ the host, restricted by the capability set, seccomp and no_new_privs above.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sandbox.models import SandboxSpec, parse_user
@@ -30,6 +31,15 @@ CPU_PERIOD_US = 100_000
 MIB = 1024 * 1024
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CGROUP_PARENT = "/corral"
+
+# The reaping init: Debian's static tini (package "tini"), bind-mounted
+# read-only from the host into every sandbox, so it works with any image and
+# the agent cannot replace it. PID 1 of a pid namespace inherits every orphan;
+# tini reaps them (with `sleep` as PID 1 they stay zombies and use up
+# pids_limit) and forwards SIGTERM to `command`.
+HOST_INIT = Path("/usr/bin/tini-static")
+INIT_PATH = "/.corral/init"
+WORKSPACE = "/workspace"
 
 # PID 1 keeps the sandbox alive; under memory pressure inside the sandbox the
 # kernel should pick the agent's processes first. Exec processes get
@@ -68,7 +78,13 @@ MASKED_PATHS = [
     "/proc/kpagecount",
     "/proc/kpageflags",
     "/proc/sysrq-trigger",
+    "/proc/kmsg",
+    "/proc/slabinfo",
+    "/proc/vmallocinfo",
     "/sys/firmware",
+    "/sys/kernel/debug",
+    "/sys/kernel/tracing",
+    "/sys/kernel/security",
     "/sys/devices/virtual/powercap",
 ]
 
@@ -91,16 +107,30 @@ def cgroups_path(sandbox_id: str) -> str:
     return f"{CGROUP_PARENT}/{sandbox_id}"
 
 
-def build_oci_spec(sandbox_id: str, spec: SandboxSpec) -> dict[str, Any]:
-    """The full runtime spec (JSON-able dict) for one sandbox."""
+def init_args(spec: SandboxSpec) -> list[str]:
+    """PID 1's argv: ``command`` under tini, or ``command`` itself."""
+    if spec.init == "tini":
+        return [INIT_PATH, "--", *spec.command]
+    return list(spec.command)
+
+
+def build_oci_spec(sandbox_id: str, spec: SandboxSpec, *,
+                   workspace_source: str | None = None) -> dict[str, Any]:
+    """The full runtime spec (JSON-able dict) for one sandbox.
+
+    ``workspace_source`` is the host directory (the mounted workspace volume)
+    bind-mounted at /workspace when ``spec.workspace_mb`` is set.
+    """
+    if spec.workspace_mb is not None and workspace_source is None:
+        raise ValueError("workspace_mb is set: build_oci_spec needs workspace_source")
     return {
         "ociVersion": OCI_VERSION,
         "process": build_process(
-            spec.command, spec, env=None, workdir=None, user=None, oom_adj=INIT_OOM_SCORE_ADJ
+            init_args(spec), spec, env=None, workdir=None, user=None, oom_adj=INIT_OOM_SCORE_ADJ
         ),
         "root": {"path": "rootfs", "readonly": spec.read_only_root},
         "hostname": sandbox_id[:63],
-        "mounts": _mounts(spec),
+        "mounts": _mounts(spec, workspace_source),
         "linux": _linux(sandbox_id, spec),
     }
 
@@ -169,8 +199,8 @@ def _tmpfs(destination: str, size_mb: int, *extra: str) -> dict[str, Any]:
     }
 
 
-def _mounts(spec: SandboxSpec) -> list[dict[str, Any]]:
-    return [
+def _mounts(spec: SandboxSpec, workspace_source: str | None) -> list[dict[str, Any]]:
+    mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc",
          "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -186,6 +216,13 @@ def _mounts(spec: SandboxSpec) -> list[dict[str, Any]]:
          "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
         _tmpfs("/tmp", spec.tmpfs_mb, "mode=1777"),
     ]
+    if spec.init == "tini":
+        mounts.append({"destination": INIT_PATH, "type": "bind", "source": str(HOST_INIT),
+                       "options": ["rbind", "ro", "nosuid", "nodev"]})
+    if workspace_source is not None:
+        mounts.append({"destination": WORKSPACE, "type": "bind", "source": workspace_source,
+                       "options": ["rbind", "rw", "nosuid", "nodev"]})
+    return mounts
 
 
 def _resources(spec: SandboxSpec) -> dict[str, Any]:

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-  containerd runc crun busybox-static bpftrace iproute2 nftables debootstrap umoci
+  containerd runc crun tini busybox-static bpftrace iproute2 nftables debootstrap umoci
   golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
 )
 PYTHON=${PYTHON:-python3.11}
@@ -39,4 +39,10 @@ fi
 # bpftrace needs tracefs, which these machines do not mount at boot.
 if [[ ! -d /sys/kernel/tracing/events ]]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
+# crun refuses a hybrid cgroup layout while the cgroup2 at unified holds a controller
+# (hugetlb here); mounting hugetlb as v1 moves it out. runc works either way.
+if grep -qw hugetlb /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null; then
+  mkdir -p /sys/fs/cgroup/hugetlb
+  mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb 2>/dev/null || true
 fi

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from sandbox.client import crun_blocker
 from sandbox.models import SandboxSpec
+from sandbox.network import EgressRule
 from sandbox.seccomp import CLONE_NEW_FLAGS, DENIED_SYSCALLS, EPERM, seccomp_profile
 from sandbox.spec import (
     CAPABILITIES,
     EXEC_OOM_SCORE_ADJ,
     INIT_OOM_SCORE_ADJ,
+    INIT_PATH,
     build_oci_spec,
     exec_process,
 )
@@ -80,7 +85,7 @@ def test_exec_process_overrides() -> None:
     assert process["cwd"] == "/tmp"
     assert process["user"] == {"uid": 5, "gid": 6}
     assert process["capabilities"]["effective"] == []
-    assert base["args"] == ["sleep", "2147483647"]  # template untouched
+    assert base["args"] == [INIT_PATH, "--", "sleep", "2147483647"]  # template untouched
 
 
 def test_seccomp_denies_the_list_with_eperm() -> None:
@@ -122,6 +127,11 @@ def test_seccomp_namespace_flags_rules() -> None:
         ({"env": {"BAD-KEY": "x"}}, "env"),
         ({"runtime": "kata"}, "runtime"),
         ({"network": "host"}, "network"),
+        ({"egress": [{"cidr": "10.0.0.0/8", "port": 80}]}, "allowlist"),
+        ({"network": "allowlist", "egress": [{"cidr": "10.0.0.1/8", "port": 80}]}, "cidr"),
+        ({"network": "allowlist", "egress": [{"cidr": "10.0.0.0/8"}]}, "port"),
+        ({"workspace_mb": 1}, "workspace_mb"),
+        ({"init": "systemd"}, "init"),
         ({"command": []}, "command"),
         ({"unknown_field": 1}, "unknown_field"),
     ],
@@ -134,7 +144,7 @@ def test_validation_errors_name_the_field(fields: dict[str, object], field_name:
 
 def test_missing_runtime_binary_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sandbox.models.shutil.which", lambda name: None)
-    with pytest.raises(ValidationError, match="runsc"):
+    with pytest.raises(ValidationError, match="runsc.*gVisor is not installed"):
         spec(runtime="runsc")
 
 
@@ -143,3 +153,45 @@ def test_defaults() -> None:
     assert (s.cpu_cores, s.memory_mb, s.pids_limit, s.nofile, s.tmpfs_mb) == (1.0, 512, 256,
                                                                                1024, 64)
     assert s.command == ["sleep", "2147483647"] and s.network == "none" and s.runtime == "runc"
+
+
+def test_init_wraps_command_and_is_bind_mounted_read_only() -> None:
+    oci = build_oci_spec("sb", spec(command=["sleep", "5"]))
+    assert oci["process"]["args"] == [INIT_PATH, "--", "sleep", "5"]
+    init = next(m for m in oci["mounts"] if m["destination"] == INIT_PATH)
+    assert init["type"] == "bind" and init["source"] == "/usr/bin/tini-static"
+    assert {"ro", "nosuid", "nodev"} <= set(init["options"])
+    bare = build_oci_spec("sb", spec(init="none", command=["sleep", "5"]))
+    assert bare["process"]["args"] == ["sleep", "5"]
+    assert all(m["destination"] != INIT_PATH for m in bare["mounts"])
+
+
+def test_workspace_volume_mount() -> None:
+    with pytest.raises(ValueError, match="workspace_source"):
+        build_oci_spec("sb", spec(workspace_mb=64))
+    oci = build_oci_spec("sb", spec(workspace_mb=64), workspace_source="/v/sb")
+    ws = next(m for m in oci["mounts"] if m["destination"] == "/workspace")
+    assert ws["source"] == "/v/sb" and "rw" in ws["options"] and "nosuid" in ws["options"]
+    assert all(m["destination"] != "/workspace" for m in build_oci_spec("sb", spec())["mounts"])
+
+
+def test_more_masked_paths() -> None:
+    masked = build_oci_spec("sb", spec())["linux"]["maskedPaths"]
+    for path in ("/proc/kmsg", "/proc/slabinfo", "/proc/vmallocinfo", "/sys/kernel/debug",
+                 "/sys/kernel/security", "/sys/kernel/tracing"):
+        assert path in masked
+
+
+def test_allowlist_spec() -> None:
+    s = spec(network="allowlist", egress=[{"cidr": "198.19.255.1/32", "port": 7001}])
+    assert s.egress == [EgressRule(cidr="198.19.255.1/32", port=7001)]
+    assert spec(network="allowlist").egress == []  # attached, nothing allowed
+
+
+def test_crun_blocker(tmp_path: Path) -> None:
+    (tmp_path / "unified").mkdir()
+    (tmp_path / "unified" / "cgroup.controllers").write_text("hugetlb\n")
+    assert "hugetlb" in (crun_blocker(tmp_path) or "")
+    (tmp_path / "unified" / "cgroup.controllers").write_text("\n")
+    assert crun_blocker(tmp_path) is None
+    assert crun_blocker(tmp_path / "nowhere") is None

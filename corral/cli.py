@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable, Coroutine
@@ -26,7 +27,8 @@ from workers.config import StackConfig, load_config
 
 T = TypeVar("T")
 console = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
+# Piped output gets a wide page: ids must survive `| grep` and copy-paste whole.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def fail(message: str) -> None:
@@ -208,4 +210,13 @@ def shell_join(argv: tuple[str, ...]) -> str | list[str]:
 
 def main() -> None:
     _register()
-    cli(prog_name="corral")
+    try:
+        cli(prog_name="corral")
+        code: int | str | None = 0
+    except SystemExit as done:
+        code = done.code
+    # Leave without interpreter finalization: the Temporal SDK's native threads
+    # can abort a short-lived client at exit (temporalio/sdk-python#300).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from sandbox.models import (
     validate_sandbox_id,
 )
 from sandbox.sandbox import KILL_WAIT_S, SIGKILL, STATUS_NAMES, Sandbox
-from sandbox.spec import HOST_INIT, build_oci_spec
+from sandbox.spec import DEFAULT_PATH, HOST_INIT, build_oci_spec
 
 SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
 # Bare type url: Any.Pack would prefix "type.googleapis.com/", which containerd rejects.
@@ -73,6 +74,8 @@ class Containerd:
         # Node layout (workers.config): <node>/containerd/containerd.sock, <node>/network.
         self.network_state_dir = Path(network_state_dir or socket_dir.parent / "network")
         self.workspace_root = Path(workspace_root or socket_dir / "workspaces")
+        # containerd's state dir as ContainerdDaemon lays it out; the task bundles live there.
+        self._bundles = socket_dir / "state" / "io.containerd.runtime.v2.task" / conn.namespace
 
     @classmethod
     async def connect(cls, socket: str, namespace: str = "corral", *,
@@ -204,6 +207,10 @@ class Containerd:
                 metadata=conn.md(),
             )
             undo_stack.append(lambda: self._kill_and_delete_task(sandbox_id))
+            if spec.init == "tini":
+                # Under tini a missing command is no runc error: tini starts, fails to
+                # exec it and exits. Look for it in the mounted rootfs first instead.
+                _check_command(sandbox_id, self._bundles / sandbox_id / "rootfs", spec)
             step = "start"
             started = await conn.tasks.Start(tasks_pb2.StartRequest(container_id=sandbox_id),
                                              metadata=conn.md())
@@ -426,6 +433,49 @@ def _check_host_support(spec: SandboxSpec) -> None:
         blocker = crun_blocker()
         if blocker:
             raise InvalidSpec(f"runtime 'crun' cannot run on this host: {blocker}")
+
+
+def _check_command(sandbox_id: str, rootfs: Path, spec: SandboxSpec) -> None:
+    """Raise SandboxStartFailed if PID 1's command is not an executable file in ``rootfs``.
+
+    Skipped when the bundle is not where ContainerdDaemon puts it (another
+    daemon layout): runc's own error, or tini's exit 127, then tells.
+    """
+    if not rootfs.is_dir():
+        return
+    name = spec.command[0]
+    path_var = spec.env.get("PATH", DEFAULT_PATH)
+    candidates = [name] if "/" in name else [f"{d}/{name}" for d in path_var.split(":") if d]
+    for candidate in candidates:
+        if not candidate.startswith("/"):
+            candidate = f"{spec.workdir}/{candidate}"
+        resolved = _resolve_in_root(rootfs, candidate)
+        if resolved is not None and resolved.is_file() and os.access(resolved, os.X_OK):
+            return
+    raise SandboxStartFailed(f"create sandbox {sandbox_id!r} (start): command {name!r} is not "
+                             f"an executable file in image {spec.image!r}")
+
+
+def _resolve_in_root(rootfs: Path, path: str, depth: int = 0) -> Path | None:
+    """``path`` inside ``rootfs`` with symlinks resolved as the sandbox would (chroot-like)."""
+    if depth > 40:
+        return None
+    current = rootfs
+    parts = [p for p in path.split("/") if p and p != "."]
+    for i, part in enumerate(parts):
+        if part == "..":
+            current = current.parent if current != rootfs else rootfs
+            continue
+        nxt = current / part
+        if nxt.is_symlink():
+            target = os.readlink(nxt)
+            rest = "/".join(parts[i + 1:])
+            base = "" if target.startswith("/") else "/" + str(current.relative_to(rootfs))
+            return _resolve_in_root(rootfs, f"{base}/{target}/{rest}", depth + 1)
+        if not nxt.exists():
+            return None
+        current = nxt
+    return current
 
 
 def crun_blocker(cgroup_root: Path = Path("/sys/fs/cgroup")) -> str | None:

@@ -23,7 +23,7 @@ from corral.cli import (
     shell_join,
 )
 from corral.errors import EpisodeError
-from corral.sdk import Corral
+from corral.sdk import Corral, parse_spec
 from workflows.models import EpisodeResult
 
 
@@ -78,7 +78,8 @@ async def episode_start(
     as_json: bool,
 ) -> None:
     """Start an episode; with --wait, print its result."""
-    spec = _spec_from_options(spec_file, image, steps, reward, interactive)
+    # Validate before connecting: a bad spec is reported as such, stack or not.
+    spec = parse_spec(_spec_from_options(spec_file, image, steps, reward, interactive))
     corral = await Corral.connect(ctx.config)
     handle = await corral.start_episode(spec, episode_id=episode_id, node=node)
     if not wait:

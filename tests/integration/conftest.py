@@ -86,7 +86,7 @@ async def corral(stack: Stack) -> AsyncIterator[Corral]:
         yield client
 
 
-async def wait_for(predicate: "asyncio.Future[bool] | object", timeout_s: float = 30.0) -> None:
+async def wait_for(predicate: asyncio.Future[bool] | object, timeout_s: float = 30.0) -> None:
     """Poll an async predicate until it is true (a correctness wait, not a timing check)."""
     import time
 

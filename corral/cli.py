@@ -215,6 +215,9 @@ def main() -> None:
         code: int | str | None = 0
     except SystemExit as done:
         code = done.code
+    from observability.tracing import flush_tracing
+
+    flush_tracing()
     # Leave without interpreter finalization: the Temporal SDK's native threads
     # can abort a short-lived client at exit (temporalio/sdk-python#300).
     sys.stdout.flush()

@@ -49,6 +49,7 @@ from corral.errors import (
     EpisodeTimedOut,
     InvalidEpisodeSpec,
 )
+from observability.tracing import flush_tracing, setup_tracing
 from workers.config import StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
 from workflows.episode import EpisodeWorkflow
@@ -197,13 +198,20 @@ class Corral:
     @classmethod
     async def connect(cls, config: StackConfig | None = None) -> Corral:
         config = config or load_config()
+        # The client's span starts each episode's trace; workers continue it.
+        setup_tracing(
+            "corral-client",
+            exporter=config.observability.traces,
+            path=config.traces_file,
+            otlp_endpoint=config.observability.otlp_endpoint,
+        )
         return cls(await connect(config), config)
 
     async def __aenter__(self) -> Corral:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        return None
+        flush_tracing()
 
     def _input(self, spec: EpisodeSpec, node: str | None) -> EpisodeInput:
         return EpisodeInput(

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from sandbox import tracing
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2_grpc
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2_grpc
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2_grpc
@@ -61,6 +62,7 @@ class Connection:
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
             ],
+            interceptors=tracing.interceptors(),
         )
         ch: Any = self.channel
         self.containers = containers_pb2_grpc.ContainersStub(ch)

@@ -1,0 +1,75 @@
+"""A trace of one real episode shows its containerd calls under its workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import polars as pl
+import pytest
+
+from corral.sdk import Corral
+from observability.tracing import flush_tracing, read_spans
+from workers.config import StackConfig
+from workflows.models import EpisodeSpec
+
+pytestmark = pytest.mark.integration
+
+
+def _ancestors(df: pl.DataFrame, span_id: str) -> list[str]:
+    parents = dict(zip(df["span_id"], df["parent_id"], strict=True))
+    names = dict(zip(df["span_id"], df["name"], strict=True))
+    chain, current = [], parents.get(span_id)
+    while current:
+        chain.append(names.get(current, "?"))
+        current = parents.get(current)
+    return chain
+
+
+async def _trace_of(config: StackConfig, workflow_id: str, timeout_s: float = 30) -> pl.DataFrame:
+    """The episode's spans, once the workers' batch exporters have written them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        df = read_spans(config.traces_file)
+        starts = df.filter(pl.col("name") == "StartWorkflow:EpisodeWorkflow").filter(
+            pl.col("attributes").map_elements(
+                lambda a: json.loads(a).get("temporalWorkflowID") == workflow_id,
+                return_dtype=pl.Boolean,
+            )
+        )
+        if len(starts):
+            trace = df.filter(pl.col("trace_id") == starts["trace_id"][0])
+            if {"containerd/Tasks/Create", "containerd/Tasks/Delete"} <= set(trace["name"]):
+                return trace
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no complete trace for {workflow_id} in {config.traces_file}")
+        await asyncio.sleep(0.5)
+
+
+async def test_episode_trace_reaches_containerd(corral: Corral, stack_config: StackConfig) -> None:
+    episode_id = f"trace-{uuid.uuid4().hex[:8]}"
+    result = await corral.run_episode(
+        EpisodeSpec(image="busybox", steps=["echo traced"]), episode_id=episode_id
+    )
+    assert result.outcome == "completed"
+    flush_tracing()
+    trace = await _trace_of(stack_config, episode_id)
+    names = set(trace["name"])
+    assert {
+        "RunWorkflow:EpisodeWorkflow",
+        "RunActivity:corral.provision",
+        "RunActivity:corral.exec_step",
+        "RunActivity:corral.teardown",
+    } <= names
+    by_name = {row["name"]: row for row in trace.iter_rows(named=True)}
+    create_chain = _ancestors(trace, by_name["containerd/Tasks/Create"]["span_id"])
+    assert create_chain[:2] == ["corral.provision", "RunActivity:corral.provision"]
+    assert create_chain[-1] == "StartWorkflow:EpisodeWorkflow"
+    exec_chain = _ancestors(trace, by_name["containerd/Tasks/Exec"]["span_id"])
+    assert "RunActivity:corral.exec_step" in exec_chain
+    provision = json.loads(by_name["corral.provision"]["attributes"])
+    assert provision["corral.workflow_id"] == episode_id
+    assert provision["corral.sandbox_id"] == result.sandbox_id
+    assert provision["corral.node"] == result.node

@@ -218,11 +218,15 @@ class ProvisionInput(BaseModel):
     labels: dict[str, str]
 
 
+ProvisionSource = Literal["cold", "warm", "existing"]
+
+
 class ProvisionResult(BaseModel):
     sandbox_id: str
     node: str
     provision_s: float
     created: bool  # False when an earlier attempt had already made it
+    source: ProvisionSource = "cold"
 
 
 class ExecStepInput(BaseModel):
@@ -265,10 +269,15 @@ class NodeLoad(BaseModel):
     sandboxes: int
     load1: float
     memory_available_mb: int
+    warm: int = 0  # warm-pool sandboxes of the image asked about
 
     def score(self) -> float:
-        """Lower is better: sandboxes dominate, CPU load breaks ties."""
-        return self.sandboxes + self.load1
+        """Lower is better: a warm sandbox wins, then fewer sandboxes, then CPU load."""
+        return self.sandboxes + self.load1 - (1000.0 if self.warm else 0.0)
+
+
+class LoadInput(BaseModel):
+    image: str
 
 
 class RecordEpisodeInput(BaseModel):

@@ -33,9 +33,11 @@ from activities.models import (
     EpisodeSpec,
     ExecStepInput,
     FileContent,
+    LoadInput,
     NodeLoad,
     ProvisionInput,
     ProvisionResult,
+    ProvisionSource,
     ReadFileInput,
     ReapInput,
     ReapResult,
@@ -46,6 +48,7 @@ from activities.models import (
     TeardownResult,
     WriteFileInput,
 )
+from activities.pool import WarmPool
 from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
 from observability.tracing import span
@@ -87,6 +90,7 @@ class NodeActivities:
         temporal: Client | None = None,
         records: RecordWriter | None = None,
         metrics: Metrics | None = None,
+        pool: WarmPool | None = None,
     ) -> None:
         self.node = node
         self._containerd = containerd
@@ -94,46 +98,71 @@ class NodeActivities:
         self._temporal = temporal
         self._records = records
         self._metrics = metrics
+        self._pool = pool
         self._sandbox_count = 0
         self._images: dict[str, str] = {}
 
     # ------------------------------------------------------------ lifecycle
     @activity.defn(name="corral.load")
-    async def load(self) -> NodeLoad:
+    async def load(self, input: LoadInput) -> NodeLoad:
         meminfo = _meminfo_available_mb()
         return NodeLoad(
             node=self.node,
             sandboxes=self._sandbox_count,
             load1=os.getloadavg()[0],
             memory_available_mb=meminfo,
+            warm=self._pool.ready_for(input.image) if self._pool else 0,
         )
 
     @activity.defn(name="corral.provision")
     async def provision(self, input: ProvisionInput) -> ProvisionResult:
+        """The episode's sandbox: found again on a retry, warm if the pool has one,
+        else made cold under the id derived from the workflow id."""
         started = time.monotonic()
         spec = sandbox_spec_for(input.spec, input.labels)
-        existed = await self._exists(input.sandbox_id)
+        workflow_id = input.labels.get("corral.workflow_id", "")
+        existing = await self._owned_sandbox(input.sandbox_id, workflow_id)
         attrs = {
-            "corral.sandbox_id": input.sandbox_id,
             "corral.image": spec.image,
             "corral.node": self.node,
-            "corral.workflow_id": input.labels.get("corral.workflow_id", ""),
+            "corral.workflow_id": workflow_id,
         }
-        with span("corral.provision", **attrs):
-            await _heartbeating(
-                _mapped(self._containerd.create_sandbox(input.sandbox_id, spec, input.labels))
-            )
-            if input.spec.network.mode == "allowlist":
-                await self._attach_network(input)
+        source: ProvisionSource = "existing"
+        with span("corral.provision", **attrs) as current:
+            sandbox_id = existing
+            if sandbox_id is None and self._pool and input.spec.network.mode == "none":
+                sandbox_id, source = await self._pool.acquire(spec, input.labels), "warm"
+            if sandbox_id is None:
+                sandbox_id, source = input.sandbox_id, "cold"
+                await _heartbeating(
+                    _mapped(self._containerd.create_sandbox(sandbox_id, spec, input.labels))
+                )
+                if input.spec.network.mode == "allowlist":
+                    await self._attach_network(input)
+            current.set_attribute("corral.sandbox_id", sandbox_id)
+            current.set_attribute("corral.provision.source", source)
         seconds = time.monotonic() - started
-        if not existed:
+        if existing is None:
             self._sandbox_count += 1
             if self._metrics:
                 self._metrics.record_provision(seconds, self.node, spec.image)
                 self._metrics.sandbox_added(self.node)
         return ProvisionResult(
-            sandbox_id=input.sandbox_id, node=self.node, provision_s=seconds, created=not existed
+            sandbox_id=sandbox_id,
+            node=self.node,
+            provision_s=seconds,
+            created=existing is None,
+            source=source,
         )
+
+    async def _owned_sandbox(self, derived_id: str, workflow_id: str) -> str | None:
+        """The sandbox an earlier attempt of this provision made or claimed, if any."""
+        if await self._exists(derived_id):
+            return derived_id
+        if self._pool is None or not workflow_id:
+            return None
+        owned = await self._containerd.list_sandboxes({"corral.workflow_id": workflow_id})
+        return owned[0].id if owned else None
 
     async def _attach_network(self, input: ProvisionInput) -> None:
         info = await self._info(input.sandbox_id)

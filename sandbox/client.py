@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2, empty_pb2
+from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
 from sandbox import network, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
@@ -249,6 +249,27 @@ class Containerd:
         return list(resp.mounts)
 
     # -- get / list --------------------------------------------------------------
+    async def update_labels(self, sandbox_id: str, labels: dict[str, str]) -> dict[str, str]:
+        """Merge ``labels`` into the sandbox's container labels; returns the result.
+
+        How a warm sandbox is handed to an episode: the labels carry the owner.
+        """
+        container = await self._get_container(sandbox_id)
+        if container is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found")
+        merged = {**dict(container.labels), **labels}
+        record = containers_pb2.Container(id=sandbox_id, labels=merged)
+        try:
+            await self._conn.containers.Update(
+                containers_pb2.UpdateContainerRequest(
+                    container=record, update_mask=field_mask_pb2.FieldMask(paths=["labels"])
+                ),
+                metadata=self._conn.md(),
+            )
+        except grpc.aio.AioRpcError as err:
+            raise map_grpc_error(err, f"sandbox {sandbox_id}") from err
+        return merged
+
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:
         container = await self._get_container(sandbox_id)
         if container is None:

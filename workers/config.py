@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandbox.errors import CorralError
 
@@ -59,6 +59,17 @@ class WorkersConfig(_Strict):
     workflow_task_queue: str = "corral-episodes"
     node_task_queue_prefix: str = "corral-node-"
     metrics_port_base: int = 9460
+    # image -> ready sandboxes each node keeps (see activities/pool.py)
+    warm_pool: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("warm_pool", mode="before")
+    @classmethod
+    def _pool_from_text(cls, value: Any) -> Any:
+        """`busybox=8,debian=2` (the CORRAL_WARM_POOL form); empty for none."""
+        if isinstance(value, str):
+            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+            return {name.strip(): int(size) for name, size in pairs}
+        return value
 
 
 class IntakeConfig(_Strict):
@@ -161,6 +172,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_TEMPORAL_METRICS_PORT": ("temporal", "dev_server", "metrics_port"),
     "CORRAL_METRICS_PORT_BASE": ("workers", "metrics_port_base"),
     "CORRAL_WORKFLOW_TASK_QUEUE": ("workers", "workflow_task_queue"),
+    "CORRAL_WARM_POOL": ("workers", "warm_pool"),
     "CORRAL_NODES": ("nodes", "count"),
     "CORRAL_INTAKE_PORT": ("intake", "port"),
     "CORRAL_TRACES": ("observability", "traces"),

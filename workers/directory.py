@@ -45,7 +45,8 @@ class SandboxDirectory:
                             "corral.full_id": info.id,
                             "corral.image": info.image,
                         }
-                        self._labels[container_id] = labels
+                        if "corral.workflow_id" in labels:  # warm ones change owner
+                            self._labels[container_id] = labels
                         return labels
         return None
 

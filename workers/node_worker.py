@@ -17,6 +17,7 @@ import signal
 from temporalio.worker import Worker
 
 from activities.node import NodeActivities
+from activities.pool import WarmPool
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
@@ -47,8 +48,16 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
     )
     records = RecordWriter(config.records_dir)
+    pool = WarmPool(containerd, node, config.workers.warm_pool)
+    await pool.start()
     node_activities = NodeActivities(
-        node, containerd, config.node_dir(node), temporal=client, records=records, metrics=metrics
+        node,
+        containerd,
+        config.node_dir(node),
+        temporal=client,
+        records=records,
+        metrics=metrics,
+        pool=pool,
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     try:
@@ -61,6 +70,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         async with worker:
             await stop.wait()
     finally:
+        await pool.stop()  # warm sandboxes stay: the next worker adopts them
         oom_watch.cancel()
         records.close()
         await containerd.close()

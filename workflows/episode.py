@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ExecRequest,
         ExecStepInput,
         FileContent,
+        LoadInput,
         NodeLoad,
         OnCallRequest,
         ProvisionInput,
@@ -218,6 +219,8 @@ class EpisodeWorkflow:
             attempts=4,
         )
         self._provision_s = result.provision_s
+        # A warm sandbox keeps its own id; every later activity uses the real one.
+        self._sandbox_id = result.sandbox_id
         for spec_file in self._spec.files:
             request = WriteFileRequest(
                 path=spec_file.path,
@@ -252,6 +255,7 @@ class EpisodeWorkflow:
     async def _load_of(self, node: str) -> NodeLoad:
         return await workflow.execute_activity_method(
             NodeActivities.load,
+            LoadInput(image=self._spec.image),
             task_queue=self._queue(node),
             schedule_to_close_timeout=timedelta(seconds=5),
             retry_policy=RetryPolicy(maximum_attempts=1),

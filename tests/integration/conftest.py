@@ -32,6 +32,9 @@ TEST_ENV = {
     "CORRAL_INTAKE_PORT": "18765",
     "CORRAL_NODES": os.environ.get("CORRAL_TEST_NODES", "2"),
     "CORRAL_TRACES": "file",
+    # No warm pool: sandbox ids stay derived from workflow ids, and the leak
+    # check sees only what tests made. tests/integration/pool tests the pool.
+    "CORRAL_WARM_POOL": "",
 }
 
 

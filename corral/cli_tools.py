@@ -66,7 +66,7 @@ async def bench(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bo
     from corral.bench import as_dict, describe, run_bench
 
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=2 * n + 2 * exec_n)
+        task = progress.add_task("bench", total=2 * n + 3 * exec_n)
         result = await run_bench(
             ctx.config,
             n=n,

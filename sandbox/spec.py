@@ -40,6 +40,7 @@ CGROUP_PARENT = "/corral"
 HOST_INIT = Path("/usr/bin/tini-static")
 INIT_PATH = "/.corral/init"
 WORKSPACE = "/workspace"
+SHIM_GROUP_ANNOTATION = "io.containerd.runc.v2.group"
 
 # PID 1 keeps the sandbox alive; under memory pressure inside the sandbox the
 # kernel should pick the agent's processes first. Exec processes get
@@ -123,7 +124,7 @@ def build_oci_spec(sandbox_id: str, spec: SandboxSpec, *,
     """
     if spec.workspace_mb is not None and workspace_source is None:
         raise ValueError("workspace_mb is set: build_oci_spec needs workspace_source")
-    return {
+    oci: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "process": build_process(
             init_args(spec), spec, env=None, workdir=None, user=None, oom_adj=INIT_OOM_SCORE_ADJ
@@ -133,6 +134,11 @@ def build_oci_spec(sandbox_id: str, spec: SandboxSpec, *,
         "mounts": _mounts(spec, workspace_source),
         "linux": _linux(sandbox_id, spec),
     }
+    if spec.shim_group:
+        # The runc v2 shim reads the group from the spec's annotations (not the
+        # container's labels): sandboxes of one group share one shim process.
+        oci["annotations"] = {SHIM_GROUP_ANNOTATION: spec.shim_group}
+    return oci
 
 
 def build_process(

@@ -144,7 +144,7 @@ def test_validation_errors_name_the_field(fields: dict[str, object], field_name:
 
 def test_missing_runtime_binary_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sandbox.models.shutil.which", lambda name: None)
-    with pytest.raises(ValidationError, match="runsc.*gVisor is not installed"):
+    with pytest.raises(ValidationError, match=r"runsc.*gVisor is not installed"):
         spec(runtime="runsc")
 
 
@@ -195,3 +195,9 @@ def test_crun_blocker(tmp_path: Path) -> None:
     (tmp_path / "unified" / "cgroup.controllers").write_text("\n")
     assert crun_blocker(tmp_path) is None
     assert crun_blocker(tmp_path / "nowhere") is None
+
+
+def test_shim_group_is_a_spec_annotation() -> None:
+    oci = build_oci_spec("sb", spec(shim_group="g1"))
+    assert oci["annotations"] == {"io.containerd.runc.v2.group": "g1"}
+    assert "annotations" not in build_oci_spec("sb", spec())

@@ -85,13 +85,13 @@ class SandboxResolver:
 
 
 async def start_sensor(
-    engine: RuleEngine, resolver: SandboxResolver, watch: Watch, say: Say
+    engine: RuleEngine, resolver: SandboxResolver, on_event: Callable[[Event], None], say: Say
 ) -> Any:
     """An in-process bpftrace sensor for the engine's event types, ready to use."""
     from policies.sensor.sensor import Sensor
 
     sensor = Sensor(engine.event_types(), resolver=resolver)
-    sensor.add_callback(watch.on_event)
+    sensor.add_callback(on_event)
     say(f"starting the sensor ({len(engine.event_types())} event types; bpftrace compiles)")
     await sensor.start()
     try:
@@ -171,7 +171,7 @@ async def run_cases(
     watch = Watch(engine)
     results: list[CaseResult] = []
     try:
-        sensor = await start_sensor(engine, resolver, watch, say)
+        sensor = await start_sensor(engine, resolver, watch.on_event, say)
         try:
             for case in cases:
                 started = time.monotonic()

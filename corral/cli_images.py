@@ -140,6 +140,22 @@ def sandbox() -> None:
     """Sandboxes straight on containerd, without Temporal."""
 
 
+def _parse_egress(values: tuple[str, ...]) -> list[dict[str, object]]:
+    """``CIDR:PORT`` (``*`` = every port), optionally ``/udp``: ``198.19.255.1/32:7001/udp``."""
+    rules: list[dict[str, object]] = []
+    for value in values:
+        body, protocol = value, "tcp"
+        for suffix in ("/tcp", "/udp"):
+            if value.endswith(suffix):
+                body, protocol = value[: -len(suffix)], suffix[1:]
+        cidr, sep, port = body.rpartition(":")
+        if not sep or not cidr or not (port == "*" or port.isdigit()):
+            fail(f"--egress {value!r}: want CIDR:PORT[/udp], e.g. 198.19.255.1/32:7001")
+        rules.append({"cidr": cidr if "/" in cidr else f"{cidr}/32",
+                      "port": None if port == "*" else int(port), "protocol": protocol})
+    return rules
+
+
 @sandbox.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--image", "image_name", default="busybox", show_default=True)
 @click.option("--memory-mb", type=int, default=512, show_default=True)
@@ -148,6 +164,12 @@ def sandbox() -> None:
 @click.option("--timeout-s", type=float, default=60.0, show_default=True)
 @click.option("--runtime", default="runc", show_default=True)
 @click.option("--read-only-root", is_flag=True)
+@click.option("--workspace-mb", type=int, default=None,
+              help="Size-capped ext4 volume at /workspace (the only disk quota).")
+@click.option("--network", "network_mode", type=click.Choice(["none", "allowlist"]),
+              default="none", show_default=True)
+@click.option("--egress", multiple=True, metavar="CIDR:PORT[/udp]",
+              help="Allowed destination (repeatable; needs --network allowlist; port * = any).")
 @click.option("--node", default=None)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -162,28 +184,39 @@ async def sandbox_run(
     timeout_s: float,
     runtime: str,
     read_only_root: bool,
+    workspace_mb: int | None,
+    network_mode: str,
+    egress: tuple[str, ...],
     node: str | None,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Create a sandbox, run COMMAND in it, print its output, tear it down."""
+    """Create a sandbox, run COMMAND in it, print its output, tear it down.
+
+    Exits with COMMAND's exit code (137 when it was killed at --timeout-s).
+    """
+    if timeout_s <= 0:
+        fail(f"--timeout-s must be positive, got {timeout_s:g}")
     try:
-        spec = SandboxSpec(
-            image=resolve_image_name(image_name),
-            memory_mb=memory_mb,
-            cpu_cores=cpus,
-            pids_limit=pids,
-            runtime=runtime,
-            read_only_root=read_only_root,
-            labels={"corral.cli": "sandbox-run"},
-        )
+        spec = SandboxSpec.model_validate({
+            "image": resolve_image_name(image_name), "memory_mb": memory_mb, "cpu_cores": cpus,
+            "pids_limit": pids, "runtime": runtime, "read_only_root": read_only_root,
+            "workspace_mb": workspace_mb, "network": network_mode,
+            "tmpfs_mb": max(1, min(64, memory_mb // 4)),  # /tmp + /dev/shm below the limit
+            "egress": _parse_egress(egress), "labels": {"corral.cli": "sandbox-run"},
+            # the default /workspace is in the image; a read-only root has no writable cwd
+            **({"workdir": "/tmp"} if read_only_root and workspace_mb is None else {}),
+        })
     except ValidationError as err:
         fail(f"invalid sandbox: {describe_validation_error(err)}")
     sandbox_id = f"cli-{uuid.uuid4().hex[:12]}"
     async with node_client(ctx.config, node or ctx.config.node_names()[0]) as client:
         try:
-            box = await client.create_sandbox(sandbox_id, spec, spec.labels)
-            result = await box.exec(shell_join(command), timeout_s=timeout_s)
+            try:
+                box = await client.create_sandbox(sandbox_id, spec, spec.labels)
+                result = await box.exec(shell_join(command), timeout_s=timeout_s)
+            except CorralError as err:
+                fail(f"sandbox: {err}")
         finally:
             with contextlib.suppress(CorralError):
                 await client.destroy_sandbox(sandbox_id)
@@ -192,6 +225,8 @@ async def sandbox_run(
     else:
         click.echo(result.stdout, nl=False)
         click.echo(result.stderr, nl=False, err=True)
+        if result.truncated:
+            click.echo("corral: output truncated", err=True)
         if result.timed_out:
             click.echo(f"corral: command timed out after {timeout_s:g} s", err=True)
     raise SystemExit(result.exit_code)

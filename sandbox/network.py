@@ -46,14 +46,13 @@ sandbox traffic may leave only through another veth, i.e. into a namespace on
 this machine. ICMP and IPv6 are not allowlistable (IPv6 is disabled on both veth
 ends); DNS is whatever resolver the allowlist names.
 
-Wiring into ``SandboxSpec`` (left to the core): ``network: Literal["none",
-"allowlist"] = "none"`` plus ``egress: list[EgressRule] = []`` (non-empty only
-with ``"allowlist"``). The create path calls ``attach_network(sandbox_id,
-task_pid, spec.egress, state_dir)`` after the task has started (the netns exists
-then) and rolls the sandbox back if it raises; destroy calls
-``detach_network(sandbox_id, state_dir)`` before deleting the task; quarantine
-calls ``cut_network`` next to freezing the cgroup, release calls
-``restore_network``. All five are idempotent, so retried activities are safe.
+Wiring: ``SandboxSpec.network = "allowlist"`` with ``SandboxSpec.egress``.
+``Containerd.create_sandbox`` calls ``attach_network(sandbox_id, task_pid,
+spec.egress, client.network_state_dir)`` right after the task started (the
+netns exists then) and rolls the whole sandbox back if it raises;
+``destroy_sandbox`` calls ``detach_network`` before deleting the task;
+``Sandbox.cut_network``/``restore_network`` wrap the quarantine calls. All five
+are idempotent, so retried activities are safe.
 
 Each nft call is one atomic transaction that first re-asserts the base table
 (idempotent commands; see ``render_base_table``), so there is never a window

@@ -4,8 +4,10 @@ The sandbox is a fresh set of namespaces (pid, ipc, uts, mount, network with
 loopback only), no new privileges, Docker's default capabilities minus
 NET_RAW and MKNOD, the masked and read-only /proc and /sys paths runc users
 know from Docker, cgroup limits (memory+swap, pids, cpu quota and shares),
-RLIMIT_NOFILE, size-capped tmpfs for /tmp and /dev/shm, and the seccomp
-profile of ``sandbox.seccomp``.
+RLIMIT_NOFILE, size-capped tmpfs for /tmp and /dev/shm, the seccomp
+profile of ``sandbox.seccomp``, tini as PID 1 (bind-mounted read-only from the
+host), and with ``workspace_mb`` a bind mount of the sandbox's volume
+(``sandbox.volumes``) at /workspace. docs/sandbox.md has the whole picture.
 
 cgroupsPath is ``/corral/<sandbox_id>``: with cgroupfs (v1 here) the leaf
 directory is the container id, which the sensor maps cgroup ids back with.

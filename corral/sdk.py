@@ -185,7 +185,24 @@ class Episode:
             message = getattr(cause, "message", None) or str(cause or err)
             raise EpisodeRejected(f"episode {self.id} refused {name}: {message}") from err
         except RPCError as err:
+            # The server answers NOT_FOUND for an Update to a closed workflow too:
+            # that episode exists, it just takes no more requests.
+            closed = await self._closed_status() if err.status == RPCStatusCode.NOT_FOUND else None
+            if closed is not None:
+                raise EpisodeRejected(
+                    f"episode {self.id} refused {name}: episode is closed ({closed.lower()})"
+                ) from err
             raise _rpc_error(self.id, err) from err
+
+    async def _closed_status(self) -> str | None:
+        """The closed workflow's status name, or None if it is running or unknown."""
+        try:
+            desc = await self._handle.describe()
+        except RPCError:
+            return None
+        if desc.status is None or desc.status == Status.RUNNING:
+            return None
+        return desc.status.name
 
 
 class Corral:

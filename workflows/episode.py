@@ -104,6 +104,7 @@ class EpisodeWorkflow:
         self._started_at = carried.started_at if carried else workflow.now()
         self._scripted_done = carried.scripted_done if carried else False
         self._ready = carried is not None
+        self._closing = False
         self._finish_requested = carried.finishing if carried else False
         self._quarantined = False
         self._release_requested = False
@@ -265,7 +266,8 @@ class EpisodeWorkflow:
         if not self._scripted_done:
             for step in self._spec.steps[self._next_index :]:
                 await self._wait_unfrozen()
-                result = await self._run_step(step, "scripted")
+                async with self._lock:
+                    result = await self._run_step(step, "scripted")
                 if not result.ok:
                     raise ApplicationError(
                         f"step {result.index} `{result.cmd}` "
@@ -398,7 +400,7 @@ class EpisodeWorkflow:
     # ------------------------------------------------------------- updates
     @workflow.update(name="exec")
     async def exec_update(self, request: ExecRequest) -> StepResult:
-        await workflow.wait_condition(lambda: self._ready)
+        await self._wait_interactive()
         async with self._lock:
             await self._wait_unfrozen()
             self._check_open()
@@ -410,8 +412,9 @@ class EpisodeWorkflow:
 
     @workflow.update
     async def write_file(self, request: WriteFileRequest) -> None:
-        await workflow.wait_condition(lambda: self._ready)
+        await self._wait_interactive()
         async with self._lock:
+            self._check_open()
             self._touch()
             await self._node_activity(
                 NodeActivities.write_file,
@@ -426,8 +429,9 @@ class EpisodeWorkflow:
 
     @workflow.update
     async def read_file(self, request: ReadFileRequest) -> FileContent:
-        await workflow.wait_condition(lambda: self._ready)
+        await self._wait_interactive()
         async with self._lock:
+            self._check_open()
             self._touch()
             content: FileContent = await self._node_activity(
                 NodeActivities.read_file,
@@ -452,8 +456,16 @@ class EpisodeWorkflow:
             raise ValueError("episode is not interactive: it finishes by itself")
         self._check_open()
 
+    async def _wait_interactive(self) -> None:
+        """Interactive requests run after the sandbox is up and the scripted steps
+        are done, never beside them; if the episode ends first, they are refused."""
+        await workflow.wait_condition(
+            lambda: (self._ready and self._scripted_done) or self._closing or self._kill is not None
+        )
+        self._check_open()
+
     def _check_open(self) -> None:
-        if self._kill is not None or self._state in ("closing", "closed"):
+        if self._kill is not None or self._closing:
             raise ValueError(f"episode is {self._state}: no more requests")
         if self._finish_requested:
             raise ValueError("episode is finishing: no more requests")
@@ -484,6 +496,7 @@ class EpisodeWorkflow:
     # ------------------------------------------------------------- closing
     async def _close(self, outcome: str, reason: str, reward: StepResult | None) -> EpisodeResult:
         self._reason = reason
+        self._closing = True
         self._set_state("closing")
         info = workflow.info()
         result = EpisodeResult(

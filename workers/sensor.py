@@ -212,9 +212,9 @@ class AlertPoster:
                     self.stats.latencies_ms.append(latency)
                 with contextlib.suppress(ValueError):
                     self.stats.last_status = json.loads(text)
-                log.info("alert rule=%r container=%s -> %s latency_ms=%s answer=%s",
+                log.info("alert rule=%r container=%s -> %s latency_ms=%s answer=%s output=%s",
                          rule, cid, status, f"{latency:.1f}" if latency is not None else "?",
-                         text[:200])  # fmt: skip
+                         text[:200], str(body.get("output", ""))[:500])  # fmt: skip
                 return
             if 400 <= status < 500:
                 self.stats.rejected += 1

@@ -1,0 +1,159 @@
+"""workers.sensor's pipeline without bpftrace: node filter, alert JSON, rate limit, posting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from policies.alert import parse_alert
+from policies.falco.engine import RuleEngine
+from policies.falco.event import ContainerInfo, Event, FdInfo, Process
+from policies.falco.fields import default_registry
+from workers.sensor import AlertPoster, NodeContainers, NodePipeline, RateLimiter, alert_body
+
+RULES = Path(__file__).resolve().parents[3] / "policies" / "rules" / "corral_rules.yaml"
+MINE = "a1" * 32
+OTHER = "b2" * 32
+
+
+def write_bin(full_id: str, path: str = "/bin/x") -> Event:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    return Event(
+        type="openat", args={"dirfd": -100, "name": path, "flags": flags, "mode": 0o644}, res=3,
+        proc=Process(pid=77, name="sh", args=["-c", "echo x > /bin/x"], vpid=9),
+        fd=FdInfo(num=3, name=path, flags=flags), container=ContainerInfo(full_id=full_id),
+        ts_ns=123, wall_ns=1_700_000_000_000_000_001, num=1,
+    )  # fmt: skip
+
+
+class FakeContainers(NodeContainers):
+    def __init__(self, on_node: dict[str, ContainerInfo]) -> None:
+        super().__init__("/nonexistent.sock", "corral")
+        self.on_node = on_node
+        self.refreshes = 0
+
+    async def refresh(self) -> set[str]:
+        self.refreshes += 1
+        gone = set(self.known) - set(self.on_node)
+        self.known = dict(self.on_node)
+        return gone
+
+
+class FakePoster:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def submit(self, body: dict[str, Any], event_ts_ns: int) -> None:
+        self.bodies.append(body)
+
+
+@pytest.fixture(scope="module")
+def engine() -> RuleEngine:
+    return RuleEngine.from_files([RULES], default_registry())
+
+
+def pipeline(engine: RuleEngine, poster: FakePoster, on_node: dict[str, ContainerInfo]) -> Any:
+    return NodePipeline(engine, FakeContainers(on_node), poster, hostname="h/node-1")  # type: ignore[arg-type]
+
+
+async def test_only_this_nodes_sandboxes_are_reported(engine: RuleEngine) -> None:
+    info = ContainerInfo(full_id=MINE, image="corral.local/busybox:latest",
+                         labels={"corral.workflow_id": "ep-1"})  # fmt: skip
+    poster = FakePoster()
+    p = pipeline(engine, poster, {MINE: info})
+    p.on_event(write_bin(OTHER))
+    p.on_event(write_bin(MINE))
+    assert poster.bodies == []  # both held until the node's list is known
+    await asyncio.sleep(0.05)
+    assert [b["output_fields"]["container.id"] for b in poster.bodies] == [MINE[:12]]
+    p.on_event(write_bin(OTHER, "/bin/y"))  # now known as foreign: dropped at once
+    assert p.stats.foreign == 2 and len(poster.bodies) == 1
+
+
+async def test_alert_body_is_falco_json_with_corral_fields(engine: RuleEngine) -> None:
+    evt = write_bin(MINE)
+    match = engine.evaluate(evt)[0]
+    body = alert_body(match, evt, "host/node-1")
+    alert = parse_alert(json.dumps(body))
+    assert alert.rule == "Write below binary dir in sandbox"
+    assert alert.output_fields["container.id"] == MINE[:12]
+    assert alert.output_fields["container.full_id"] == MINE
+    assert alert.output_fields["proc.pid"] == 77
+    assert alert.output_fields["proc.cmdline"] == "sh -c echo x > /bin/x"
+    assert alert.uuid and alert.hostname == "host/node-1"
+    assert body["time"].endswith(".000000001Z")
+
+
+async def test_duplicates_are_rate_limited(engine: RuleEngine) -> None:
+    poster = FakePoster()
+    p = pipeline(engine, poster, {MINE: ContainerInfo(full_id=MINE)})
+    await p.containers.refresh()
+    for _ in range(5):
+        p.on_event(write_bin(MINE))
+    assert len(poster.bodies) == 1 and p.limiter.suppressed == 4
+
+
+def test_rate_limiter_window() -> None:
+    now = [0.0]
+    rl = RateLimiter(5.0, clock=lambda: now[0])
+    assert rl.allow("r", "c") and not rl.allow("r", "c") and rl.allow("r2", "c")
+    now[0] = 5.1
+    assert rl.allow("r", "c")
+
+
+@pytest.fixture
+async def intake() -> AsyncIterator[tuple[str, list[int], list[str]]]:
+    """A fake intake answering with the scripted statuses, then 200."""
+    script: list[int] = []
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        status = script.pop(0) if script else 200
+        return web.json_response({"status": "x"}, status=status)
+
+    app = web.Application()
+    app.router.add_post("/alerts", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    yield f"http://{host}:{port}/alerts", script, seen
+    await runner.cleanup()
+
+
+async def test_poster_retries_5xx_and_gives_up_on_4xx(
+    intake: tuple[str, list[int], list[str]], engine: RuleEngine
+) -> None:
+    url, script, seen = intake
+    evt = write_bin(MINE)
+    body = alert_body(engine.evaluate(evt)[0], evt, "h")
+    poster = AlertPoster(url, "tok", backoff_s=(0.01, 0.02), attempts=3)
+    await poster.start()
+    try:
+        script.extend([503, 502])  # two failures, then 200
+        poster.submit(body, 0)
+        await poster.drain()
+        assert poster.stats.posted == 1 and poster.stats.retries == 2
+        script.append(404)  # final
+        poster.submit(body, 0)
+        await poster.drain()
+        assert poster.stats.rejected == 1 and poster.stats.posted == 1
+        assert set(seen) == {"Bearer tok"}
+    finally:
+        await poster.stop()
+
+
+async def test_poster_queue_is_bounded() -> None:
+    poster = AlertPoster("http://127.0.0.1:9/alerts", "t", queue_size=2)
+    for i in range(5):
+        poster.submit({"rule": str(i), "output_fields": {}}, 0)
+    assert poster.stats.dropped == 3 and poster.stats.queued == 5

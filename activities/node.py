@@ -73,6 +73,8 @@ def sandbox_spec_for(spec: EpisodeSpec, labels: dict[str, str]) -> SandboxSpec:
             env=spec.env,
             runtime=spec.runtime,
             labels=labels,
+            network=spec.network.mode,
+            egress=[network.EgressRule(**rule.model_dump()) for rule in spec.network.egress],
         )
     except ValueError as err:
         raise _app_error_from_message("InvalidSpec", f"invalid episode spec: {err}") from err
@@ -137,8 +139,6 @@ class NodeActivities:
                 await _heartbeating(
                     _mapped(self._containerd.create_sandbox(sandbox_id, spec, input.labels))
                 )
-                if input.spec.network.mode == "allowlist":
-                    await self._attach_network(input)
             current.set_attribute("corral.sandbox_id", sandbox_id)
             current.set_attribute("corral.provision.source", source)
         seconds = time.monotonic() - started
@@ -164,26 +164,12 @@ class NodeActivities:
         owned = await self._containerd.list_sandboxes({"corral.workflow_id": workflow_id})
         return owned[0].id if owned else None
 
-    async def _attach_network(self, input: ProvisionInput) -> None:
-        info = await self._info(input.sandbox_id)
-        if info.pid is None:
-            raise _app_error_from_message("NetworkError", f"sandbox {input.sandbox_id} has no pid")
-        rules = [network.EgressRule(**rule.model_dump()) for rule in input.spec.network.egress]
-        try:
-            await network.attach_network(input.sandbox_id, info.pid, rules, self._network_dir)
-        except CorralError as err:
-            # Roll back: a sandbox without its promised network must not live on.
-            await self._containerd.destroy_sandbox(input.sandbox_id)
-            raise _to_app_error(err) from err
-
     @activity.defn(name="corral.teardown")
     async def teardown(self, input: TeardownInput) -> TeardownResult:
         started = time.monotonic()
         with span(
             "corral.teardown", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
         ):
-            with contextlib.suppress(CorralError):
-                await network.detach_network(input.sandbox_id, self._network_dir)
             removed = await _heartbeating(
                 _mapped(self._containerd.destroy_sandbox(input.sandbox_id))
             )
@@ -203,8 +189,7 @@ class NodeActivities:
     async def freeze(self, input: SandboxRef) -> None:
         """Quarantine: stop every process and cut the network; keep the filesystem."""
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
-        with contextlib.suppress(CorralError):  # no network attached: nothing to cut
-            await network.cut_network(input.sandbox_id, self._network_dir)
+        await _mapped(sandbox.cut_network())  # False when it has no network to cut
         if await sandbox.status() != "paused":
             await _mapped(sandbox.pause())
         if self._metrics:
@@ -215,8 +200,7 @@ class NodeActivities:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         if await sandbox.status() == "paused":
             await _mapped(sandbox.resume())
-        with contextlib.suppress(CorralError):
-            await network.restore_network(input.sandbox_id, self._network_dir)
+        await _mapped(sandbox.restore_network())
         if self._metrics:
             self._metrics.sandbox_moved(self.node, "paused", "running")
 
@@ -327,7 +311,8 @@ class NodeActivities:
         for info in sandboxes:
             activity.heartbeat(info.id)
             workflow_id = info.labels.get("corral.workflow_id")
-            young = info.created_at and (now - info.created_at).total_seconds() < input.grace_s
+            created = _as_utc(info.created_at)
+            young = created is not None and (now - created).total_seconds() < input.grace_s
             if not workflow_id or young or await self._workflow_open(workflow_id):
                 continue
             await self.teardown(TeardownInput(sandbox_id=info.id))
@@ -345,10 +330,6 @@ class NodeActivities:
         return desc.status is not None and desc.status.name == "RUNNING"
 
     # --------------------------------------------------------------- helpers
-    @property
-    def _network_dir(self) -> Path:
-        return self._state_dir / "network"
-
     def _journal_dir(self, sandbox_id: str) -> Path:
         return self._state_dir / "journal" / sandbox_id
 
@@ -358,12 +339,6 @@ class NodeActivities:
         except SandboxNotFound:
             return False
         return True
-
-    async def _info(self, sandbox_id: str) -> Any:
-        for info in await self._containerd.list_sandboxes():
-            if info.id == sandbox_id:
-                return info
-        raise _app_error_from_message("SandboxNotFound", f"sandbox {sandbox_id} not found")
 
     def activities(self) -> list[Any]:
         return [
@@ -473,6 +448,13 @@ def _to_app_error(err: CorralError) -> ApplicationError:
 
 def _app_error_from_message(error_type: str, message: str) -> ApplicationError:
     return ApplicationError(message, type=error_type, non_retryable=True)
+
+
+def _as_utc(moment: datetime | None) -> datetime | None:
+    """containerd's timestamps arrive naive (protobuf `ToDatetime`) but are UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -105,6 +105,7 @@ class EpisodeWorkflow:
         self._scripted_done = carried.scripted_done if carried else False
         self._ready = carried is not None
         self._closing = False
+        self._continue_due = False  # the body stopped so that the next run goes on
         self._finish_requested = carried.finishing if carried else False
         self._quarantined = False
         self._release_requested = False
@@ -130,10 +131,11 @@ class EpisodeWorkflow:
             body = asyncio.create_task(self._body())
             await self._supervise(body)
             reward = body.result()
-            if reward is not None and not reward.ok:
-                outcome, reason = "failed", f"reward command exited {reward.exit_code}"
-            if self._wants_continue_as_new():
+            if self._continue_due:
+                # The body stopped early to hand over; it ran no reward.
                 continuing = True
+            elif reward is not None and not reward.ok:
+                outcome, reason = "failed", f"reward command exited {reward.exit_code}"
         except _Killed as killed:
             outcome, reason = killed.outcome, killed.reason
         except asyncio.CancelledError:
@@ -265,6 +267,9 @@ class EpisodeWorkflow:
     async def _body(self) -> StepResult | None:
         if not self._scripted_done:
             for step in self._spec.steps[self._next_index :]:
+                if self._wants_continue_as_new():
+                    self._continue_due = True
+                    return None  # the next run goes on from this step
                 await self._wait_unfrozen()
                 async with self._lock:
                     result = await self._run_step(step, "scripted")
@@ -277,6 +282,7 @@ class EpisodeWorkflow:
                     )
             self._scripted_done = True
         if self._spec.interactive and not await self._wait_for_finish():
+            self._continue_due = True
             return None  # continue-as-new is due: the next run goes on
         await self._wait_unfrozen()
         if self._spec.reward is None:
@@ -541,7 +547,7 @@ class EpisodeWorkflow:
     def _wants_continue_as_new(self) -> bool:
         return self._ready and (
             workflow.info().is_continue_as_new_suggested()
-            or self._steps_this_run >= MAX_STEPS_PER_RUN
+            or self._steps_this_run >= (self._input.max_steps_per_run or MAX_STEPS_PER_RUN)
         )
 
     def _carry(self) -> EpisodeInput:

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
@@ -32,7 +33,22 @@ class JanitorWorkflow:
         results = await asyncio.gather(
             *(self._reap(input, node) for node in input.nodes), return_exceptions=True
         )
-        return [r for r in results if isinstance(r, ReapResult)]
+        reaped = [r for r in results if isinstance(r, ReapResult)]
+        failed = {
+            node: _message(r)
+            for node, r in zip(input.nodes, results, strict=True)
+            if not isinstance(r, ReapResult)
+        }
+        if failed:
+            # Every other node was reaped; fail the run so the schedule shows red
+            # in the Web UI instead of hiding a node whose orphans pile up.
+            raise ApplicationError(
+                "reap failed on " + "; ".join(f"{n}: {m}" for n, m in failed.items()),
+                [r.model_dump(mode="json") for r in reaped],
+                type="JanitorFailed",
+                non_retryable=True,
+            )
+        return reaped
 
     async def _reap(self, input: JanitorInput, node: str) -> ReapResult:
         return await workflow.execute_activity_method(
@@ -43,3 +59,10 @@ class JanitorWorkflow:
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=2),
         )
+
+
+def _message(err: BaseException) -> str:
+    """The innermost cause's message: what actually went wrong on the node."""
+    while getattr(err, "cause", None) is not None:
+        err = err.cause  # type: ignore[attr-defined]
+    return str(getattr(err, "message", None) or err)

@@ -83,6 +83,9 @@ class EpisodeInput(BaseModel):
     nodes: list[str] = Field(min_length=1)
     node_task_queue_prefix: str = "corral-node-"
     node: str | None = None  # pin to a node (tests, on-call); else placement picks
+    # Steps per run before continue-as-new; None is the workflow's default
+    # (MAX_STEPS_PER_RUN). Tests set it small to exercise the hand-over.
+    max_steps_per_run: int | None = Field(default=None, ge=1)
     # Carried over by continue-as-new; empty on the first run.
     carried: CarriedState | None = None
 

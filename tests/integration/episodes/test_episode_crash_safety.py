@@ -1,0 +1,128 @@
+"""kill -9 of a worker mid-step: the episode goes on in the same sandbox, and no
+completed step is lost or run twice (each step appends a line to a file, which
+is read back at the end).
+
+These tests kill and restart the session stack's own worker processes, by the
+pid files the stack keeps; they pin their episodes to node-1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from episode_helpers import eventually, sandbox_exists
+
+from activities.node import INTERRUPTED_EXIT_CODE
+from corral.sdk import Corral
+from workers.config import StackConfig
+from workers.processes import wait_exit
+from workers.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+NODE = "node-1"
+
+
+async def _kill_and_restart(stack: Stack, name: str) -> None:
+    proc = stack.process(name)
+    pid = proc.pid()
+    assert pid is not None, f"{name} is not running"
+    os.kill(pid, signal.SIGKILL)
+    assert wait_exit(pid, 10), f"{name} survived SIGKILL"
+    stack._start_workers()  # starts only what is not running
+    await stack._wait_for_workers()
+    assert proc.pid() not in (None, pid)
+
+
+def _journal(stack_config: StackConfig, sandbox_id: str) -> Path:
+    return stack_config.node_dir(NODE) / "journal" / sandbox_id
+
+
+async def test_node_worker_killed_mid_step(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode = await corral.start_episode(
+        {"image": "busybox", "interactive": True, "reward": "cat /tmp/log"}, node=NODE
+    )
+    assert (await episode.exec("echo a >> /tmp/log")).ok
+    sandbox_id = (await episode.status()).sandbox_id
+
+    long_step = asyncio.create_task(episode.exec("sleep 5; echo b >> /tmp/log"))
+    marker = _journal(stack_config, sandbox_id) / "1.started"
+    await eventually(marker.exists, what="step 1 started on the node")
+    await _kill_and_restart(stack, f"node-worker-{NODE}")
+
+    interrupted = await long_step
+    # Not run again: the journal reports the step as interrupted.
+    assert interrupted.index == 1
+    assert interrupted.exit_code == INTERRUPTED_EXIT_CODE
+    assert "not run again" in interrupted.stderr
+
+    assert (await episode.exec("echo c >> /tmp/log")).ok
+    assert (await episode.status()).sandbox_id == sandbox_id
+    # The interrupted step kept running in the sandbox (the shim outlives the
+    # worker) and finished once; nothing ran twice, nothing completed was lost.
+    await eventually(
+        lambda: _file_is(episode, "/tmp/log", b"a\nb\nc\n"), what="log holds a, b, c once"
+    )
+    final = await episode.finish()
+    assert final.outcome == "completed"
+    assert [s.index for s in final.steps] == [0, 1, 2, 3]
+    assert final.reward is not None and final.reward.stdout == "a\nb\nc\n"
+    assert not await sandbox_exists(stack_config, sandbox_id)
+
+
+async def test_workflow_worker_killed_mid_step(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    spec = {
+        "image": "busybox",
+        "steps": ["echo 1 >> /tmp/log", "sleep 5; echo 2 >> /tmp/log", "echo 3 >> /tmp/log"],
+        "reward": "cat /tmp/log",
+    }
+    episode = await corral.start_episode(spec, node=NODE)
+    marker_dir = None
+
+    async def step_1_started() -> bool:
+        nonlocal marker_dir
+        status = await episode.status()
+        marker_dir = _journal(stack_config, status.sandbox_id)
+        return (marker_dir / "1.started").exists()
+
+    await eventually(step_1_started, what="step 1 started on the node")
+    await _kill_and_restart(stack, "workflow-worker")
+
+    result = await episode.result()
+    assert result.outcome == "completed", result.reason
+    assert [(s.index, s.exit_code) for s in result.steps] == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert result.reward is not None and result.reward.stdout == "1\n2\n3\n"
+    assert not await sandbox_exists(stack_config, result.sandbox_id)
+
+
+async def test_workflow_worker_killed_during_an_interactive_update(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode = await corral.start_episode(
+        {"image": "busybox", "interactive": True, "reward": "cat /tmp/log"}, node=NODE
+    )
+    assert (await episode.exec("echo a >> /tmp/log")).ok
+    sandbox_id = (await episode.status()).sandbox_id
+    long_step = asyncio.create_task(episode.exec("sleep 5; echo b >> /tmp/log; echo out"))
+    marker = _journal(stack_config, sandbox_id) / "1.started"
+    await eventually(marker.exists, what="step 1 started on the node")
+    await _kill_and_restart(stack, "workflow-worker")
+
+    step = await long_step  # the caller's Update survives the worker
+    assert (step.index, step.exit_code, step.stdout) == (1, 0, "out\n")
+    final = await episode.finish()
+    assert final.reward is not None and final.reward.stdout == "a\nb\n"
+    assert final.sandbox_id == sandbox_id
+    assert not await sandbox_exists(stack_config, sandbox_id)
+
+
+async def _file_is(episode: object, path: str, content: bytes) -> bool:
+    return bool(await episode.read_file(path) == content)  # type: ignore[attr-defined]

@@ -1,0 +1,257 @@
+"""The sensor: supervises bpftrace and turns its output into ``Event`` objects.
+
+    sensor = Sensor({"openat", "execve", "connect"}, resolver=labels_from_containerd)
+    await sensor.start()
+    await sensor.wait_ready()
+    async for evt in sensor.events(): ...
+    await sensor.stop()
+
+or ``await sensor.run(engine.on_event)``. Kernel-side filtering is described
+in ``policies.sensor.program``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from policies.falco.event import Event
+from policies.sensor import cgroups as cg
+from policies.sensor import program as pg
+from policies.sensor.parser import Parser
+from policies.sensor.proctable import ProcessTable
+
+log = logging.getLogger("corral.sensor")
+
+TRACEFS = Path("/sys/kernel/tracing")
+MEMLOCK = 8 << 20  # the machine's hard cap; bpftrace wants it raised explicitly
+STREAM_LIMIT = 1 << 20
+
+
+@dataclass(slots=True)
+class SensorStats:
+    events: int = 0  # delivered to callbacks / the queue
+    dropped: int = 0  # queue full: the consumer is too slow
+    lost: int = 0  # lost in the kernel (perf buffer full), reported by bpftrace
+    records: int = 0
+    bad_lines: int = 0
+    restarts: int = 0
+    callback_errors: int = 0
+
+
+def ensure_tracefs(path: Path = TRACEFS) -> None:
+    if (path / "events").is_dir():
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tracefs", "nodev", str(path)], check=True)
+
+
+def kn_parent_field() -> str:
+    """``kernfs_node.parent`` became ``__parent`` in Linux 6.15."""
+    out = subprocess.run(
+        ["bpftrace", "-lv", "struct kernfs_node"], capture_output=True, text=True, check=False
+    ).stdout
+    return "__parent" if "__parent" in out else "parent"
+
+
+def _limit_memlock() -> None:
+    with contextlib.suppress(ValueError, OSError):
+        _soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        want = MEMLOCK if hard == resource.RLIM_INFINITY else min(MEMLOCK, hard)
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (want, hard))
+
+
+class Sensor:
+    def __init__(
+        self,
+        event_types: Iterable[str],
+        *,
+        resolver: cg.ContainerResolver | None = None,
+        controller: str = cg.DEFAULT_CONTROLLER,
+        bpftrace: str = "bpftrace",
+        queue_size: int = 65536,
+        backoff: tuple[float, float] = (0.5, 30.0),
+        map_keys: int = 16384,
+        perf_pages: int = 256,
+    ) -> None:
+        self.event_types = frozenset(event_types)
+        self.controller = controller
+        self.bpftrace = shutil.which(bpftrace) or bpftrace
+        self.cgroups = cg.CgroupMap(resolver, controller)
+        self.table = ProcessTable()
+        self.parser = Parser(self.cgroups, self.table, self.event_types)
+        self.stats = SensorStats()
+        self.program: pg.Program | None = None
+        self._callbacks: list[Callable[[Event], None]] = []
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(queue_size)
+        self._backoff = backoff
+        self._env = {
+            "BPFTRACE_MAP_KEYS_MAX": str(map_keys),
+            "BPFTRACE_PERF_RB_PAGES": str(perf_pages),
+            "BPFTRACE_STRLEN": str(pg.STRLEN),
+        }
+        self._task: asyncio.Task[None] | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._parent_id = 0
+        self._tmp = tempfile.TemporaryDirectory(prefix="corral-sensor-")
+
+    # ------------------------------------------------------------ public
+
+    def add_callback(self, cb: Callable[[Event], None]) -> None:
+        self._callbacks.append(cb)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._supervise(), name="corral-sensor")
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Until bpftrace has attached its probes (compiling takes seconds)."""
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self._kill()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._ready.clear()
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            yield await self._queue.get()
+
+    async def run(self, on_event: Callable[[Event], None]) -> None:
+        """Start, deliver every event to ``on_event`` until cancelled, then stop."""
+        self.add_callback(on_event)
+        self._queue = asyncio.Queue(1)  # callbacks only: do not buffer
+        await self.start()
+        try:
+            assert self._task is not None
+            await asyncio.shield(self._task)
+        finally:
+            await self.stop()
+
+    # ------------------------------------------------------------ supervision
+
+    def _generate(self) -> Path:
+        ensure_tracefs()
+        self._parent_id = cg.ensure_parent(self.controller)
+        cfg = pg.FilterConfig(self._parent_id, cg.subsys_index(self.controller), kn_parent_field())
+        self.program = pg.generate(self.event_types, cfg)
+        if self.program.unavailable:
+            log.warning("sensor: no tracepoint for %s", ", ".join(self.program.unavailable))
+        path = Path(self._tmp.name) / "sensor.bt"
+        path.write_text(self.program.text)
+        return path
+
+    async def _supervise(self) -> None:
+        delay = self._backoff[0]
+        while not self._stopping:
+            try:
+                rc = await self._run_once(self._generate())
+                log.warning("sensor: bpftrace exited with %s", rc)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                log.error("sensor: cannot start bpftrace: %s", exc)
+            if self._stopping:
+                break
+            self.stats.restarts += 1
+            self._ready.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    async def _run_once(self, script: Path) -> int | None:
+        proc = self._proc = await asyncio.create_subprocess_exec(
+            self.bpftrace, "-f", "json", "-B", "line", str(script),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **self._env}, preexec_fn=_limit_memlock,
+            limit=STREAM_LIMIT, start_new_session=True,
+        )  # fmt: skip
+        watch = asyncio.create_task(self._watch_parent())
+        errs = asyncio.create_task(self._log_stderr(proc))
+        try:
+            await self._read_stdout(proc)
+            return await proc.wait()
+        finally:
+            watch.cancel()
+            await errs
+
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            if not self._ready.is_set() and b'"attached_probes"' in line:
+                self._ready.set()
+                continue
+            evt = self.parser.feed(line)
+            self._sync_stats()
+            if evt is not None:
+                self._deliver(evt)
+
+    def _deliver(self, evt: Event) -> None:
+        self.stats.events += 1
+        for cb in self._callbacks:
+            try:
+                cb(evt)
+            except Exception:  # one bad consumer must not stop the sensor
+                self.stats.callback_errors += 1
+                log.exception("sensor: callback failed")
+        if not self._callbacks:
+            try:
+                self._queue.put_nowait(evt)
+            except asyncio.QueueFull:
+                self.stats.dropped += 1
+
+    def _sync_stats(self) -> None:
+        ps = self.parser.stats
+        self.stats.lost, self.stats.records, self.stats.bad_lines = (
+            ps.lost,
+            ps.records,
+            ps.bad_lines,
+        )
+
+    async def _log_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while line := await proc.stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            if "RLIMIT_MEMLOCK" not in text:  # bpftrace always tries to lift it
+                log.warning("bpftrace: %s", text)
+
+    async def _watch_parent(self) -> None:
+        """Restart if /corral was re-created: its id is compiled into the filter."""
+        path = cg.parent_dir(self.controller)
+        while True:
+            await asyncio.sleep(2.0)
+            try:
+                ino = path.stat().st_ino
+            except OSError:
+                ino = -1
+            if ino != self._parent_id:
+                log.warning("sensor: %s changed; restarting bpftrace", path)
+                await self._kill()
+                return
+
+    async def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()

@@ -24,14 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cli_env() -> Iterator[dict[str, str]]:
     state = Path(tempfile.mkdtemp(prefix="corral-e2e-", dir="/tmp"))
+    offset = int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
     env = {
         **os.environ,
         "CORRAL_STATE_DIR": str(state),
-        "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:37233",
-        "CORRAL_TEMPORAL_UI_PORT": "38233",
-        "CORRAL_TEMPORAL_METRICS_PORT": "39233",
-        "CORRAL_METRICS_PORT_BASE": "39460",
-        "CORRAL_INTAKE_PORT": "38765",
+        "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{37233 + offset}",
+        "CORRAL_TEMPORAL_UI_PORT": str(38233 + offset),
+        "CORRAL_TEMPORAL_METRICS_PORT": str(39233 + offset),
+        "CORRAL_METRICS_PORT_BASE": str(39460 + offset),
+        "CORRAL_INTAKE_PORT": str(38765 + offset),
         "CORRAL_NODES": "1",
     }
     try:
@@ -73,7 +74,7 @@ def processes_of(state: str) -> list[str]:
 def test_up_status_demo_report_down(cli_env: dict[str, str]) -> None:
     state = cli_env["CORRAL_STATE_DIR"]
     up = corral("up", env=cli_env)
-    assert "Web UI: http://127.0.0.1:38233" in up.stdout
+    assert f"Web UI: http://127.0.0.1:{cli_env['CORRAL_TEMPORAL_UI_PORT']}" in up.stdout
     assert "Web UI" in corral("up", env=cli_env).stdout  # harmless when already up
 
     status = json.loads(corral("status", "--json", env=cli_env).stdout)

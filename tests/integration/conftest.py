@@ -24,12 +24,15 @@ from workers.stack import Stack
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Shift every port with CORRAL_TEST_PORT_OFFSET to run two suites side by side.
+_OFFSET = int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
+
 TEST_ENV = {
-    "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:17233",
-    "CORRAL_TEMPORAL_UI_PORT": "18233",
-    "CORRAL_TEMPORAL_METRICS_PORT": "19233",
-    "CORRAL_METRICS_PORT_BASE": "19460",
-    "CORRAL_INTAKE_PORT": "18765",
+    "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{17233 + _OFFSET}",
+    "CORRAL_TEMPORAL_UI_PORT": str(18233 + _OFFSET),
+    "CORRAL_TEMPORAL_METRICS_PORT": str(19233 + _OFFSET),
+    "CORRAL_METRICS_PORT_BASE": str(19460 + _OFFSET),
+    "CORRAL_INTAKE_PORT": str(18765 + _OFFSET),
     "CORRAL_NODES": os.environ.get("CORRAL_TEST_NODES", "2"),
     "CORRAL_TRACES": "file",
     # No warm pool: sandbox ids stay derived from workflow ids, and the leak

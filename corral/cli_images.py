@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import contextlib
 import tempfile
 import time
@@ -68,11 +69,8 @@ async def _build_debian(
 ) -> None:
     from sandbox.debian import build_debian_image, write_debian_archive
 
-    cache = (
-        config.state.parent / "cache"
-        if config.state.parent.name == ".state"
-        else config.state / "cache"
-    )
+    # Outside the stack's state: a debootstrap cache outlives `corral down`.
+    cache = Path(os.environ.get("CORRAL_CACHE_DIR") or config.root / ".cache")
     image_name = resolve_image_name(
         name or ("debian-" + "-".join(sorted(packages)) if packages else "debian")
     )

@@ -12,7 +12,7 @@ import signal
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from observability.metrics import temporal_runtime_with_prometheus
+from observability.metrics import setup_metrics, temporal_runtime_with_prometheus
 from observability.tracing import flush_tracing, setup_tracing
 from workers.config import StackConfig, load_config
 from workers.temporal import connect
@@ -35,7 +35,8 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
         path=config.traces_file,
         otlp_endpoint=config.observability.otlp_endpoint,
     )
-    _, sdk_port = config.metrics_ports()
+    otel_port, sdk_port = config.metrics_ports()
+    metrics = setup_metrics("corral-workflow-worker", prometheus_port=otel_port)
     runtime = temporal_runtime_with_prometheus(sdk_port)
     client = await connect(config, runtime=runtime)
     worker = Worker(
@@ -47,6 +48,7 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
     )
     async with worker:
         await stop.wait()
+    metrics.close()
     flush_tracing()
 
 

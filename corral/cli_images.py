@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import contextlib
+import os
 import tempfile
 import time
 import uuid

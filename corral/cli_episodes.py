@@ -107,7 +107,9 @@ def _print_result(result: EpisodeResult | None, as_json: bool) -> None:
         f"[bold]{result.episode_id}[/] {result.outcome} on {result.node} "
         f"in {result.duration_s:.2f} s {result.reason}"
     )
-    for step in result.steps + ([result.reward] if result.reward else []):
+    # The reward is the step log's last entry already; older results lack it there.
+    extra = [result.reward] if result.reward and result.reward not in result.steps else []
+    for step in result.steps + extra:
         mark = "[green]ok[/]" if step.ok else f"[red]exit {step.exit_code}[/]"
         out.print(f"  [{step.index}] {mark} {step.duration_s * 1000:.0f} ms  $ {step.cmd}")
         for stream in (step.stdout, step.stderr):
@@ -236,7 +238,8 @@ async def run_batch(
     ctx: Context, spec_file: Path, episodes: int, concurrency: int, out_file: Path, as_json: bool
 ) -> None:
     """Run a batch of episodes with a progress bar; write every result to Parquet."""
-    spec = load_spec_file(spec_file)
+    # Validate before connecting or drawing a progress bar: one line on a bad spec.
+    spec = parse_spec(load_spec_file(spec_file))
     corral = await Corral.connect(ctx.config)
     results: list[EpisodeResult] = []
     started = time.monotonic()

@@ -62,7 +62,6 @@ def _shift_ports_if_busy(config: pytest.Config) -> None:
             return
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def _free_test_ports(request: pytest.FixtureRequest) -> None:
     """Runs before the session stack is made (session autouse fixtures come first)."""

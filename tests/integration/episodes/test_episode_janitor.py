@@ -34,9 +34,7 @@ async def test_janitor_reaps_a_terminated_episodes_sandbox(
     # The minute schedule may have run first; either way the janitor reaped it.
     removed = {sid for r in reaped for sid in r.removed}
     assert {r.node for r in reaped} == set(stack_config.node_names())
-    assert status.sandbox_id in removed or not await sandbox_exists(
-        stack_config, status.sandbox_id
-    )
+    assert status.sandbox_id in removed or not await sandbox_exists(stack_config, status.sandbox_id)
     assert not await sandbox_exists(stack_config, status.sandbox_id)
 
 

@@ -1,0 +1,170 @@
+"""`corral run` as a trainer types it: a batch from a spec file to a Parquet file.
+
+A one-node stack of its own (own ports and state directory), driven through
+the real `corral` command: up, run (summary and Parquet checked), episode
+start/list/kill through the CLI, down. Nothing of the stack may remain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from workflows.models import EpisodeResult
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_env() -> Iterator[dict[str, str]]:
+    state = Path(tempfile.mkdtemp(prefix="corral-e2e-run-", dir="/tmp"))
+    env = {
+        **os.environ,
+        "CORRAL_STATE_DIR": str(state),
+        "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:51233",
+        "CORRAL_TEMPORAL_UI_PORT": "52233",
+        "CORRAL_TEMPORAL_METRICS_PORT": "53233",
+        "CORRAL_METRICS_PORT_BASE": "53460",
+        "CORRAL_INTAKE_PORT": "52765",
+        "CORRAL_NODES": "1",
+        "CORRAL_WARM_POOL": "",
+    }
+    corral("up", env=env)
+    try:
+        yield env
+    finally:
+        corral("down", env=env, check=False)
+        leftover = [p for p in _processes_of(str(state))]
+        assert leftover == [], leftover
+
+
+def corral(
+    *args: str, env: dict[str, str], check: bool = True, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"corral {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
+    return done
+
+
+def _processes_of(state: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if state in cmdline:
+                found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def test_run_batch_writes_summary_and_parquet(run_env: dict[str, str], tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "image: busybox\n"
+        "steps:\n"
+        "  - echo hello\n"
+        "  - test $(( $(cat /proc/sys/kernel/random/uuid | tr -dc 0-9 | head -c 3) % 5 )) -ne 0\n"
+        "reward: echo 1.0\n"
+    )
+    out = tmp_path / "results" / "batch.parquet"
+    done = corral(
+        "run",
+        "--spec",
+        str(spec),
+        "--episodes",
+        "20",
+        "--concurrency",
+        "5",
+        "--out",
+        str(out),
+        "--json",
+        env=run_env,
+    )
+    summary = json.loads(done.stdout)
+    assert summary["episodes"] == 20
+    assert sum(summary["outcomes"].values()) == 20
+    assert set(summary["outcomes"]) <= {"completed", "failed", "killed"}
+    failed = summary["outcomes"].get("failed", 0)
+    assert sum(summary["failed_by_reason"].values()) == failed
+    assert all("step 1" in reason for reason in summary["failed_by_reason"])
+    assert summary["per_second"] > 0 and summary["p50_s"] <= summary["p99_s"]
+    assert summary["results_file"] == str(out)
+
+    frame = pl.read_parquet(out)
+    assert frame.height == 20 and frame["episode_id"].n_unique() == 20
+    assert {
+        "episode_id",
+        "outcome",
+        "reason",
+        "node",
+        "steps",
+        "duration_s",
+        "reward_exit_code",
+        "alerts",
+        "result_json",
+    } <= set(frame.columns)
+    assert dict(frame["outcome"].value_counts().iter_rows()) == summary["outcomes"]
+    for row in frame.iter_rows(named=True):
+        result = EpisodeResult.model_validate_json(row["result_json"])
+        assert result.episode_id == row["episode_id"] and result.node == "node-1"
+        if row["outcome"] == "completed":
+            assert row["reward_exit_code"] == 0 and result.steps[0].stdout == "hello\n"
+
+    # The human summary (no --json) names the outcomes and the file.
+    human = corral(
+        "run",
+        "--spec",
+        str(spec),
+        "--episodes",
+        "2",
+        "--out",
+        str(tmp_path / "b.parquet"),
+        env=run_env,
+    )
+    assert "2 episodes" in human.stdout and "b.parquet" in human.stdout
+
+    left = corral("status", "--json", env=run_env)
+    detail = {c["name"]: c["detail"] for c in json.loads(left.stdout)["components"]}
+    assert detail["containerd-node-1"].endswith(" 0 sandboxes"), detail
+
+
+def test_run_rejects_bad_spec_with_one_line(run_env: dict[str, str], tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("image: busybox\ntimeouts: {step_sec: 3}\n")
+    done = corral("run", "--spec", str(spec), "--episodes", "2", env=run_env, check=False)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "step_sec" in lines[0], done.stderr
+
+
+def test_episode_cli_start_list_kill(run_env: dict[str, str]) -> None:
+    started = corral(
+        "episode", "start", "--image", "busybox", "--interactive", "--json", env=run_env
+    )
+    episode_id = json.loads(started.stdout)["episode_id"]
+    ran = corral("episode", "exec", episode_id, "--json", "--", "echo", "hi", env=run_env)
+    assert json.loads(ran.stdout)["stdout"] == "hi\n"
+    corral("episode", "kill", episode_id, "--reason", "e2e", env=run_env)
+    shown = corral("episode", "show", episode_id, "--json", env=run_env)
+    result = EpisodeResult.model_validate_json(shown.stdout)
+    assert result.outcome == "killed" and "e2e" in result.reason

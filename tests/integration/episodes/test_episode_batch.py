@@ -1,0 +1,60 @@
+"""A 200-episode batch through `Corral.run_batch`: every result back, nothing left."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from episode_helpers import sandbox_ids
+
+from corral.sdk import Corral
+from workers.config import StackConfig
+
+pytestmark = pytest.mark.integration
+
+N = 200
+
+
+async def test_batch_of_200_leaves_no_sandbox(corral: Corral, stack_config: StackConfig) -> None:
+    before = await sandbox_ids(stack_config)
+    spec = {
+        "image": "busybox",
+        "steps": ["echo $((6 * 7))"],
+        "reward": "echo 1",
+        "labels": {"batch": "b200"},
+    }
+    started = time.monotonic()
+    results = [r async for r in corral.run_batch(spec, n=N, concurrency=32, id_prefix="b200")]
+    wall_s = time.monotonic() - started
+
+    assert len(results) == N
+    assert len({r.episode_id for r in results}) == N
+    outcomes = Counter(r.outcome for r in results)
+    # Known, outside the episode code: the live sensor now and then raises
+    # 'Mount in sandbox' for a sandbox that only ran `echo` (a false positive in
+    # policies/sensor, reported to its owner). Such a kill is still a clean,
+    # torn-down episode; any other outcome fails the test.
+    unexpected = [
+        (r.episode_id, r.reason)
+        for r in results
+        if r.outcome != "completed" and r.reason != "killed by rule 'Mount in sandbox'"
+    ]
+    assert not unexpected, unexpected
+    for r in results:
+        if r.outcome == "killed":
+            print(f"\nsensor false positive on {r.episode_id}: {r.alerts[0].output[:400]}")
+    assert outcomes["completed"] >= N * 0.9, outcomes
+    assert all(r.steps[0].stdout == "42\n" for r in results if r.outcome == "completed")
+    assert {r.node for r in results} == set(stack_config.node_names())
+    after = await sandbox_ids(stack_config)
+    assert after == before, {n: after[n] - before[n] for n in after}
+    print(f"\nbatch: {N} episodes in {wall_s:.1f} s = {N / wall_s:.1f} episodes/s, {outcomes}")
+
+
+async def test_batch_yields_failures_without_stopping(corral: Corral) -> None:
+    spec = {"image": "busybox", "steps": ["test $(( $(date +%N) % 1 )) -eq 1"]}  # always fails
+    results = [r async for r in corral.run_batch(spec, n=6, concurrency=3)]
+    assert len(results) == 6
+    assert {r.outcome for r in results} == {"failed"}
+    assert all("step 0" in r.reason for r in results)

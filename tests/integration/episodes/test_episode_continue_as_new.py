@@ -7,6 +7,7 @@ steps instead of 400, through the real worker and server.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from episode_helpers import sandbox_exists
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 APPEND = "echo {n} >> /tmp/log"
 
 
-async def _start(corral: Corral, spec: dict[str, object], per_run: int) -> tuple[Episode, str]:
+async def _start(corral: Corral, spec: dict[str, Any], per_run: int) -> tuple[Episode, str]:
     episode_id = f"can-{uuid.uuid4().hex[:12]}"
     episode_input = corral._input(parse_spec(spec), None).model_copy(
         update={"max_steps_per_run": per_run}

@@ -10,10 +10,9 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from corral.errors import EpisodeFailed, InvalidEpisodeSpec
-from corral.sdk import Corral
+from corral.sdk import Corral, parse_spec
 from workers.config import StackConfig
 from workflows.episode import sandbox_id_for
-from workflows.models import EpisodeSpec
 
 pytestmark = pytest.mark.integration
 
@@ -21,16 +20,18 @@ pytestmark = pytest.mark.integration
 async def test_scripted_episode_captures_stdout_stderr_and_exit_codes(
     corral: Corral, stack_config: StackConfig
 ) -> None:
-    spec = EpisodeSpec(
-        image="busybox",
-        env={"GREETING": "hello"},
-        files=[{"path": "/tmp/in.txt", "content": "from the spec\n"}],  # type: ignore[list-item]
-        steps=[
-            "echo $GREETING; echo oops >&2",
-            ["cat", "/tmp/in.txt"],
-            {"cmd": "sh -c 'exit 0'; echo $X", "env": {"X": "per-step"}},  # type: ignore[list-item]
-        ],
-        reward="echo 0.75",
+    spec = parse_spec(
+        {
+            "image": "busybox",
+            "env": {"GREETING": "hello"},
+            "files": [{"path": "/tmp/in.txt", "content": "from the spec\n"}],
+            "steps": [
+                "echo $GREETING; echo oops >&2",
+                ["cat", "/tmp/in.txt"],
+                {"cmd": "sh -c 'exit 0'; echo $X", "env": {"X": "per-step"}},
+            ],
+            "reward": "echo 0.75",
+        }
     )
     result = await corral.run_episode(spec)
 
@@ -57,7 +58,9 @@ async def test_scripted_episode_captures_stdout_stderr_and_exit_codes(
 async def test_failing_step_fails_the_episode_naming_the_step(
     corral: Corral, stack_config: StackConfig
 ) -> None:
-    spec = EpisodeSpec(image="busybox", steps=["echo one", "echo bad >&2; exit 3", "echo never"])
+    spec = parse_spec(
+        {"image": "busybox", "steps": ["echo one", "echo bad >&2; exit 3", "echo never"]}
+    )
     with pytest.raises(EpisodeFailed) as caught:
         await corral.run_episode(spec)
 
@@ -74,7 +77,7 @@ async def test_unknown_image_fails_with_one_line_reason_and_leaves_nothing(
 ) -> None:
     before = await _all_ids(stack_config)
     with pytest.raises(EpisodeFailed) as caught:
-        await corral.run_episode(EpisodeSpec(image="no-such-image:404", steps=["true"]))
+        await corral.run_episode({"image": "no-such-image:404", "steps": ["true"]})
 
     message = str(caught.value)
     assert "\n" not in message and "no-such-image" in message

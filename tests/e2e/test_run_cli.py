@@ -168,3 +168,98 @@ def test_episode_cli_start_list_kill(run_env: dict[str, str]) -> None:
     shown = corral("episode", "show", episode_id, "--json", env=run_env)
     result = EpisodeResult.model_validate_json(shown.stdout)
     assert result.outcome == "killed" and "e2e" in result.reason
+
+
+def temporal(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The `temporal` CLI against this stack, as docs/trajectories.md shows it."""
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "temporal"),
+            *args,
+            "--address",
+            env["CORRAL_TEMPORAL_ADDRESS"],
+            "--namespace",
+            "corral",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, f"temporal {' '.join(args)}:\n{done.stderr}"
+    return done
+
+
+def test_on_call_names_through_the_temporal_cli(run_env: dict[str, str]) -> None:
+    started = corral(
+        "episode", "start", "--image", "busybox", "--interactive", "--json", env=run_env
+    )
+    wid = json.loads(started.stdout)["episode_id"]
+    ran = temporal(
+        "workflow",
+        "update",
+        "execute",
+        "--workflow-id",
+        wid,
+        "--name",
+        "exec",
+        "--input",
+        '{"cmd": "echo from-cli"}',
+        "-o",
+        "json",
+        env=run_env,
+    )
+    assert "from-cli" in ran.stdout
+    temporal(
+        "workflow",
+        "update",
+        "execute",
+        "--workflow-id",
+        wid,
+        "--name",
+        "write_file",
+        "--input",
+        '{"path": "/tmp/note", "content_b64": "aGkK"}',
+        env=run_env,
+    )
+    read = temporal(
+        "workflow",
+        "update",
+        "execute",
+        "--workflow-id",
+        wid,
+        "--name",
+        "read_file",
+        "--input",
+        '{"path": "/tmp/note"}',
+        "-o",
+        "json",
+        env=run_env,
+    )
+    assert "aGkK" in read.stdout
+    status = temporal(
+        "workflow", "query", "--workflow-id", wid, "--name", "status", "-o", "json", env=run_env
+    )
+    assert '"running"' in status.stdout
+    steps = temporal(
+        "workflow", "query", "--workflow-id", wid, "--name", "steps", "-o", "json", env=run_env
+    )
+    assert "echo from-cli" in steps.stdout
+    temporal(
+        "workflow",
+        "signal",
+        "--workflow-id",
+        wid,
+        "--name",
+        "kill",
+        "--input",
+        '{"reason": "from the cli", "by": "oncall"}',
+        env=run_env,
+    )
+    shown = corral("episode", "show", wid, "--json", env=run_env)
+    result = EpisodeResult.model_validate_json(shown.stdout)
+    assert (
+        result.outcome == "killed" and result.reason == "killed by on-call by oncall: from the cli"
+    )
+    history = temporal("workflow", "show", "--workflow-id", wid, "--output", "json", env=run_env)
+    assert "corral.exec_step" in history.stdout
+    assert "SIGNALED" in history.stdout.upper()

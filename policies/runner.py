@@ -173,10 +173,12 @@ async def run_cases(
     try:
         sensor = await start_sensor(engine, resolver, watch.on_event, say)
         try:
-            for case in cases:
+            for i, case in enumerate(cases, 1):
                 started = time.monotonic()
                 result = await run_case(client, case, watch, resolver, say)
-                say(f"{result.summary()} ({time.monotonic() - started:.1f} s, {node})")
+                verdict = "pass" if result.passed else "FAIL"
+                say(f"[{i}/{len(cases)}] {verdict} {case.name} "
+                    f"({time.monotonic() - started:.1f} s on {node})")  # fmt: skip
                 results.append(result)
         finally:
             await sensor.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,12 +31,8 @@ def run_env() -> Iterator[dict[str, str]]:
     state = Path(tempfile.mkdtemp(prefix="corral-e2e-run-", dir="/tmp"))
     env = {
         **os.environ,
+        **_free_ports(),
         "CORRAL_STATE_DIR": str(state),
-        "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:51233",
-        "CORRAL_TEMPORAL_UI_PORT": "52233",
-        "CORRAL_TEMPORAL_METRICS_PORT": "53233",
-        "CORRAL_METRICS_PORT_BASE": "53460",
-        "CORRAL_INTAKE_PORT": "52765",
         "CORRAL_NODES": "1",
         "CORRAL_WARM_POOL": "",
     }
@@ -46,6 +43,30 @@ def run_env() -> Iterator[dict[str, str]]:
         corral("down", env=env, check=False)
         leftover = [p for p in _processes_of(str(state))]
         assert leftover == [], leftover
+
+
+def _busy(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.3)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_ports() -> dict[str, str]:
+    """A port family nobody serves: the machine is shared by other test stacks."""
+    for base in range(50000, 64000, 2000):
+        ports = {
+            "CORRAL_TEMPORAL_ADDRESS": base + 233,
+            "CORRAL_TEMPORAL_UI_PORT": base + 1233,
+            "CORRAL_TEMPORAL_METRICS_PORT": base + 1333,
+            "CORRAL_METRICS_PORT_BASE": base + 1460,
+            "CORRAL_INTAKE_PORT": base + 1765,
+        }
+        probe = [*ports.values(), *range(base + 233, base + 240), *range(base + 1460, base + 1466)]
+        if not any(_busy(p) for p in probe):
+            env = {k: str(v) for k, v in ports.items()}
+            env["CORRAL_TEMPORAL_ADDRESS"] = f"127.0.0.1:{base + 233}"
+            return env
+    raise AssertionError("no free port family for the e2e stack")
 
 
 def corral(

@@ -14,6 +14,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -229,3 +230,92 @@ def describe(report: BenchReport) -> list[str]:
 
 def as_dict(report: BenchReport) -> dict[str, Any]:
     return report.model_dump(mode="json")
+
+
+class DensityReport(BaseModel):
+    requested: int
+    created: int
+    failures: int
+    shim_group_size: int
+    create_wall_s: float
+    memory_used_mb: float
+    memory_per_sandbox_mb: float
+    threads_before: int
+    threads_after: int
+    threads_per_sandbox: float
+    exec_ok_after: bool
+
+
+def _memory_used_mb() -> float:
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    kb = lambda key: int(info[key].split()[0])  # noqa: E731 - a local reader
+    return (kb("MemTotal") - kb("MemAvailable")) / 1024
+
+
+def _threads() -> int:
+    return sum(1 for _ in Path("/proc").glob("[0-9]*/task/[0-9]*"))
+
+
+async def run_density(
+    config: StackConfig,
+    *,
+    n: int,
+    group: int,
+    concurrency: int = 4,
+    tick: Callable[[], None] = lambda: None,
+) -> DensityReport:
+    """N idle sandboxes on one node: memory and threads each, then all removed."""
+    node = config.node_names()[0]
+    tag = uuid.uuid4().hex[:8]
+    before_mem, before_threads = _memory_used_mb(), _threads()
+    ids = [uuid.uuid4().hex * 2 for _ in range(n)]
+    async with await Containerd.connect(
+        str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+    ) as raw:
+        limit = asyncio.Semaphore(concurrency)
+        created: list[str] = []
+        failures = 0
+
+        async def make(i: int) -> None:
+            nonlocal failures
+            spec = SandboxSpec(
+                image=BUSYBOX_IMAGE,
+                memory_mb=64,
+                tmpfs_mb=8,
+                shim_group=f"density-{tag}-{i // group}" if group > 1 else None,
+                labels={"corral.bench": tag},
+            )
+            async with limit:
+                try:
+                    await raw.create_sandbox(ids[i], spec, spec.labels)
+                    created.append(ids[i])
+                except Exception:
+                    failures += 1
+                tick()
+
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(make(i) for i in range(n)))
+            wall = time.perf_counter() - started
+            await asyncio.sleep(2)  # let page cache and shims settle before reading
+            used = _memory_used_mb() - before_mem
+            threads = _threads()
+            probe = await raw.get_sandbox(created[0]) if created else None
+            exec_ok = bool(probe and (await probe.exec(["true"])).ok)
+        finally:
+            for sandbox_id in created:
+                await raw.destroy_sandbox(sandbox_id)
+    count = max(len(created), 1)
+    return DensityReport(
+        requested=n,
+        created=len(created),
+        failures=failures,
+        shim_group_size=group,
+        create_wall_s=wall,
+        memory_used_mb=round(used, 1),
+        memory_per_sandbox_mb=round(used / count, 2),
+        threads_before=before_threads,
+        threads_after=threads,
+        threads_per_sandbox=round((threads - before_threads) / count, 1),
+        exec_ok_after=exec_ok,
+    )

@@ -58,12 +58,46 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
 @click.option("--n", "n", type=click.IntRange(1, 10_000), default=30, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True)
 @click.option("--exec-n", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--density",
+    type=click.IntRange(1, 5000),
+    default=None,
+    help="Instead: hold this many idle sandboxes on one node and measure them.",
+)
+@click.option(
+    "--shim-group",
+    type=click.IntRange(1, 100),
+    default=20,
+    show_default=True,
+    help="With --density: sandboxes per shim.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
-async def bench(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bool) -> None:
+async def bench(
+    ctx: Context,
+    n: int,
+    concurrency: int,
+    exec_n: int,
+    density: int | None,
+    shim_group: int,
+    as_json: bool,
+) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
-    from corral.bench import as_dict, describe, run_bench
+    from corral.bench import as_dict, describe, run_bench, run_density
+
+    if density is not None:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("idle sandboxes", total=density)
+            report = await run_density(
+                ctx.config, n=density, group=shim_group, tick=lambda: progress.advance(task)
+            )
+        if as_json:
+            emit_json(report)
+        else:
+            for key, value in report.model_dump().items():
+                out.print(f"{key:24s} {value}")
+        return
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=2 * n + 3 * exec_n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import statistics
 import time
 from collections import Counter
@@ -191,28 +192,23 @@ async def episode_list(
     out.print(table)
 
 
-@episode.command("kill")
-@click.argument("episode_id")
-@click.option("--reason", default="")
-@pass_ctx
-@run_async
-async def episode_kill(ctx: Context, episode_id: str, reason: str) -> None:
-    """Kill an episode now (its sandbox is torn down)."""
-    corral = await Corral.connect(ctx.config)
-    await corral.episode(episode_id).kill(reason=reason, by="cli")
-    click.echo(f"kill sent to {episode_id}")
+def _on_call_command(action: str, help_text: str) -> None:
+    """`corral episode kill|release ID [--reason ...]`: the on-call signals."""
+
+    @episode.command(action, help=help_text)
+    @click.argument("episode_id")
+    @click.option("--reason", default="")
+    @pass_ctx
+    @run_async
+    async def command(ctx: Context, episode_id: str, reason: str) -> None:
+        corral = await Corral.connect(ctx.config)
+        handle = corral.episode(episode_id)
+        await getattr(handle, action)(reason=reason, by=f"cli:{getpass.getuser()}")
+        click.echo(f"{action} sent to {episode_id}")
 
 
-@episode.command("release")
-@click.argument("episode_id")
-@click.option("--reason", default="")
-@pass_ctx
-@run_async
-async def episode_release(ctx: Context, episode_id: str, reason: str) -> None:
-    """Release a quarantined episode (thaw it and let it go on)."""
-    corral = await Corral.connect(ctx.config)
-    await corral.episode(episode_id).release(reason=reason, by="cli")
-    click.echo(f"release sent to {episode_id}")
+_on_call_command("kill", "Kill an episode now (its sandbox is torn down).")
+_on_call_command("release", "Release a quarantined episode (thaw it and let it go on).")
 
 
 @click.command("run")

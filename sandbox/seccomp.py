@@ -5,7 +5,11 @@ allow-list: agents run arbitrary toolchains (compilers, language runtimes,
 test suites) and an allow-list that misses a new syscall breaks them in ways
 that are hard to diagnose; the dangerous surface is small and well known, so
 we deny that explicitly. EPERM (not KILL) so programs see an ordinary
-"permission denied" and the sensor can still observe the attempt.
+"permission denied" and carry on. Seccomp runs before the syscall
+tracepoints, so a denied attempt is invisible to the sensor (and to Falco):
+rules on these calls matter only for sandboxes under a more permissive
+profile. Seeing denied attempts would need SECCOMP_FILTER_FLAG_LOG and an
+audit reader.
 
 Denied, and why:
   * kernel keyrings (keyctl, add_key, request_key): not namespaced; shared

@@ -173,10 +173,10 @@ class Stack:
             self.process(f"node-worker-{node}").start(
                 self._python("workers.node_worker", "--node", node), env=env
             )
-            if self.config.sensor.enabled and _has_module("workers.sensor"):
-                self.process(f"sensor-{node}").start(
-                    self._python("workers.sensor", "--node", node), env=env
-                )
+            sensor = self.process(f"sensor-{node}")
+            if self.config.sensor.enabled and not sensor.running():
+                self._sensor_ready_file(node).unlink(missing_ok=True)  # a stale one lies
+                sensor.start(self._python("workers.sensor", "--node", node), env=env)
         if _has_module("workers.intake"):
             self.process("intake").start(self._python("workers.intake"), env=env)
 
@@ -191,12 +191,22 @@ class Stack:
                 raise StackError(
                     f"{name} exited at start; last log lines:\n{self.process(name).log_tail(15)}"
                 )
-            if await self._queues_polled():
+            if await self._queues_polled() and self._sensors_ready():
                 return
             await asyncio.sleep(0.3)
         raise StackError(
             f"workers did not poll their task queues within {SERVICE_START_TIMEOUT_S:.0f} s"
         )
+
+    def _sensor_ready_file(self, node: str) -> Path:
+        """Written by `workers.sensor` once bpftrace has attached its probes."""
+        return self.run_dir / f"sensor-{node}.ready"
+
+    def _sensors_ready(self) -> bool:
+        """Episodes started before the probes attach would go unwatched."""
+        if not self.config.sensor.enabled:
+            return True
+        return all(self._sensor_ready_file(n).exists() for n in self.config.node_names())
 
     async def _queues_polled(self) -> bool:
         from temporalio.api.enums.v1 import TaskQueueType
@@ -261,7 +271,7 @@ class Stack:
         """Stop everything `up` started; returns what was stopped."""
         say = progress or (lambda _msg: None)
         stopped: list[str] = []
-        for name in [*self._worker_names(), "intake", *self._sensor_names()]:
+        for name in self._process_names():
             if self.process(name).stop():
                 stopped.append(name)
         for node in self._known_nodes():
@@ -307,7 +317,14 @@ class Stack:
         return sorted(set(on_disk) | set(self.config.node_names()))
 
     def _worker_names(self) -> list[str]:
-        return ["workflow-worker", *(f"node-worker-{n}" for n in self.config.node_names())]
+        workers = ["workflow-worker", *(f"node-worker-{n}" for n in self.config.node_names())]
+        if self.config.sensor.enabled:
+            workers += [f"sensor-{n}" for n in self.config.node_names()]
+        return workers
+
+    def _process_names(self) -> list[str]:
+        """Every process the stack may have started, each once."""
+        return list(dict.fromkeys([*self._worker_names(), "intake", *self._sensor_names()]))
 
     def _sensor_names(self) -> list[str]:
         return [f"sensor-{n}" for n in self._known_nodes()]
@@ -317,17 +334,27 @@ class Stack:
         components = [await self._temporal_status()]
         for node in self.config.node_names():
             components.append(await self._containerd_status(node))
-        for name in [*self._worker_names(), "intake", *self._sensor_names()]:
+        for name in self._process_names():
             proc = self.process(name)
             if proc.pid_file.exists() or name in self._worker_names():
                 pid = proc.pid()
+                ready = (
+                    not name.startswith("sensor-")
+                    or self._sensor_ready_file(name.removeprefix("sensor-")).exists()
+                )
                 components.append(
                     ComponentStatus(
                         name=name,
                         running=pid is not None,
-                        healthy=pid is not None,
+                        healthy=pid is not None and ready,
                         pid=pid,
-                        detail="" if pid else f"not running; log: {proc.log_file}",
+                        detail=(
+                            f"not running; log: {proc.log_file}"
+                            if pid is None
+                            else ""
+                            if ready
+                            else "probes not attached yet"
+                        ),
                     )
                 )
         return StackStatus(

@@ -112,15 +112,20 @@ class ProcessTable:
 
     def refresh(self, proc: Process) -> None:
         base = f"{self.proc_root}/{proc.pid}"
-        cmdline = _read(f"{base}/cmdline")
-        if cmdline:
-            argv = cmdline.rstrip("\0").split("\0")
-            proc.exe, proc.args = argv[0], argv[1:]
-        proc.exepath = _readlink(f"{base}/exe") or proc.exepath
-        if proc.exepath.endswith(" (deleted)"):
-            proc.exepath = proc.exepath[: -len(" (deleted)")]
-        proc.cwd = _readlink(f"{base}/cwd") or proc.cwd
         st = _status_fields(proc.pid)
+        # The event's comm comes from the kernel at the syscall; if /proc names
+        # another program now, the process has exec'd since and /proc's cmdline
+        # and exe describe that later program: keep what the event said.
+        exec_since = bool(proc.name and st.get("Name") and st["Name"] != proc.name[:15])
+        if not exec_since:
+            cmdline = _read(f"{base}/cmdline")
+            if cmdline:
+                argv = cmdline.rstrip("\0").split("\0")
+                proc.exe, proc.args = argv[0], argv[1:]
+            proc.exepath = _readlink(f"{base}/exe") or proc.exepath
+            if proc.exepath.endswith(" (deleted)"):
+                proc.exepath = proc.exepath[: -len(" (deleted)")]
+        proc.cwd = _readlink(f"{base}/cwd") or proc.cwd
         if st:
             self._apply_status(proc, st)
         login = _read(f"{base}/loginuid")

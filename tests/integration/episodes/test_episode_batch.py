@@ -31,20 +31,14 @@ async def test_batch_of_200_leaves_no_sandbox(corral: Corral, stack_config: Stac
     assert len(results) == N
     assert len({r.episode_id for r in results}) == N
     outcomes = Counter(r.outcome for r in results)
-    # Known, outside the episode code: the live sensor now and then raises
-    # 'Mount in sandbox' for a sandbox that only ran `echo` (a false positive in
-    # policies/sensor, reported to its owner). Such a kill is still a clean,
-    # torn-down episode; any other outcome fails the test.
-    unexpected = [
-        (r.episode_id, r.reason)
+    # Every episode completes: a kill here would be a sensor false positive
+    # (echo-only sandboxes), and its alert is in the message.
+    not_completed = [
+        (r.episode_id, r.outcome, r.reason, [a.output[:300] for a in r.alerts])
         for r in results
-        if r.outcome != "completed" and r.reason != "killed by rule 'Mount in sandbox'"
+        if r.outcome != "completed"
     ]
-    assert not unexpected, unexpected
-    for r in results:
-        if r.outcome == "killed":
-            print(f"\nsensor false positive on {r.episode_id}: {r.alerts[0].output[:400]}")
-    assert outcomes["completed"] >= N * 0.9, outcomes
+    assert not not_completed, not_completed
     assert all(r.steps[0].stdout == "42\n" for r in results if r.outcome == "completed")
     assert {r.node for r in results} == set(stack_config.node_names())
     after = await sandbox_ids(stack_config)

@@ -225,12 +225,16 @@ class Sandbox:
 
     async def read_file(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
         script = 'test -f "$1" || { echo "no such file" >&2; exit 2; }; cat -- "$1"'
+        return await self._read_out("read", path, script, max_bytes)
+
+    async def _read_out(self, what: str, path: str, script: str, max_bytes: int) -> bytes:
+        """Run `script` with `path` as $1; its stdout, whole, or a one-line error."""
         result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path],
                                      output_limit_bytes=max_bytes)
         if result.exit_code != 0:
-            raise SandboxError(f"read {path!r} in sandbox {self.id!r}: {_first_line(result)}")
+            raise SandboxError(f"{what} {path!r} in sandbox {self.id!r}: {_first_line(result)}")
         if result.truncated:
-            raise SandboxError(f"read {path!r} in sandbox {self.id!r}: larger than {max_bytes} B")
+            raise SandboxError(f"{what} {path!r} in sandbox {self.id!r}: larger than {max_bytes} B")
         return result.stdout
 
     async def put_tar(self, dest_dir: str, tar_bytes: bytes) -> None:
@@ -244,13 +248,7 @@ class Sandbox:
 
     async def get_tar(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
         script = 'cd "$(dirname "$1")" && tar -c -f - "$(basename "$1")"'
-        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path],
-                                     output_limit_bytes=max_bytes)
-        if result.exit_code != 0:
-            raise SandboxError(f"tar {path!r} in sandbox {self.id!r}: {_first_line(result)}")
-        if result.truncated:
-            raise SandboxError(f"tar {path!r} in sandbox {self.id!r}: larger than {max_bytes} B")
-        return result.stdout
+        return await self._read_out("tar", path, script, max_bytes)
 
     # -- state -----------------------------------------------------------------
     async def pause(self) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from cli_helpers import corral, processes_of
 
 from workflows.models import EpisodeResult
 
@@ -41,7 +42,7 @@ def run_env() -> Iterator[dict[str, str]]:
         yield env
     finally:
         corral("down", env=env, check=False)
-        leftover = [p for p in _processes_of(str(state))]
+        leftover = [p for p in processes_of(str(state))]
         assert leftover == [], leftover
 
 
@@ -67,35 +68,6 @@ def _free_ports() -> dict[str, str]:
             env["CORRAL_TEMPORAL_ADDRESS"] = f"127.0.0.1:{base + 233}"
             return env
     raise AssertionError("no free port family for the e2e stack")
-
-
-def corral(
-    *args: str, env: dict[str, str], check: bool = True, cwd: Path = REPO
-) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "corral", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(f"corral {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
-    return done
-
-
-def _processes_of(state: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if state in cmdline:
-                found.append(f"{entry.name}: {cmdline[:120]}")
-    return found
 
 
 def test_run_batch_writes_summary_and_parquet(run_env: dict[str, str], tmp_path: Path) -> None:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import corral, processes_of
 
 pytestmark = pytest.mark.integration
 
@@ -39,36 +38,6 @@ def cli_env() -> Iterator[dict[str, str]]:
         yield env
     finally:
         corral("down", env=env, check=False)
-
-
-def corral(
-    *args: str, env: dict[str, str], check: bool = True, timeout_s: float = 300
-) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "corral", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout_s,
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(f"corral {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
-    return done
-
-
-def processes_of(state: str) -> list[str]:
-    """Command lines that mention the stack's state directory (ours only)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if state in cmdline:
-                found.append(f"{entry.name}: {cmdline[:120]}")
-    return found
 
 
 def test_up_status_demo_report_down(cli_env: dict[str, str]) -> None:

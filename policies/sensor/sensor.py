@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import resource
@@ -63,6 +64,14 @@ def kn_parent_field() -> str:
     return "__parent" if "__parent" in out else "parent"
 
 
+CANARY_PREFIX = "corral-sensor-canary-"
+CANARY_TIMEOUT_S = 60.0
+
+
+def _from_canary(evt: Event) -> bool:
+    return evt.container is not None and evt.container.full_id.startswith(CANARY_PREFIX)
+
+
 def _limit_memlock() -> None:
     with contextlib.suppress(ValueError, OSError):
         _soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -101,6 +110,7 @@ class Sensor:
         }
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._canary_cgid: int | None = None
         self._ready = asyncio.Event()
         self._stopping = False
         self._parent_id = 0
@@ -117,7 +127,13 @@ class Sensor:
             self._task = asyncio.create_task(self._supervise(), name="corral-sensor")
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Until bpftrace has attached its probes (compiling takes seconds)."""
+        """Until the syscall probes are proven live (compiling takes seconds).
+
+        bpftrace reports "attached_probes" before this kernel fires the syscall
+        tracepoints (seconds later, seen here), so readiness waits for the
+        exec of a canary process in a cgroup of its own under the sandbox
+        parent; the canary's events are never delivered.
+        """
         await asyncio.wait_for(self._ready.wait(), timeout)
 
     async def stop(self) -> None:
@@ -175,7 +191,7 @@ class Sensor:
 
     async def _run_once(self, script: Path) -> int | None:
         proc = self._proc = await asyncio.create_subprocess_exec(
-            self.bpftrace, "-f", "json", "-B", "line", str(script),
+            self.bpftrace, "-f", "json", "-B", "none", str(script),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **self._env}, preexec_fn=_limit_memlock,
             limit=STREAM_LIMIT, start_new_session=True,
@@ -191,14 +207,63 @@ class Sensor:
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        while line := await proc.stdout.readline():
-            if not self._ready.is_set() and b'"attached_probes"' in line:
-                self._ready.set()
-                continue
-            evt = self.parser.feed(line)
-            self._sync_stats()
-            if evt is not None:
-                self._deliver(evt)
+        canary: asyncio.Task[None] | None = None
+        try:
+            while line := await proc.stdout.readline():
+                if not self._ready.is_set():
+                    if canary is None and b'"attached_probes"' in line:
+                        canary = asyncio.create_task(self._prove_live())
+                        continue
+                    if self._is_canary_syscall(line):
+                        self._ready.set()
+                        continue
+                evt = self.parser.feed(line)
+                self._sync_stats()
+                if evt is not None and not _from_canary(evt):
+                    self._deliver(evt)
+        finally:
+            if canary is not None:
+                canary.cancel()
+
+    async def _prove_live(self) -> None:
+        """Run a canary in its own cgroup until its exec comes through."""
+        path = cg.parent_dir(self.controller) / f"{CANARY_PREFIX}{os.getpid()}"
+        path.mkdir(exist_ok=True)
+        self._canary_cgid = path.stat().st_ino
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANARY_TIMEOUT_S
+        try:
+            while not self._ready.is_set():
+                if loop.time() > deadline:
+                    log.error(
+                        "sensor: no canary event in %.0f s; syscall probes may be dead",
+                        CANARY_TIMEOUT_S,
+                    )
+                    self._ready.set()
+                    break
+                child = await asyncio.create_subprocess_exec(
+                    "sh", "-c", f"echo $$ > {path}/cgroup.procs && exec true",
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                )  # fmt: skip
+                await child.wait()
+                await asyncio.sleep(0.1)
+        finally:
+            for _ in range(50):  # the canary's exit may lag a moment
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+
+    def _is_canary_syscall(self, line: bytes) -> bool:
+        """A syscall or exec record (not fork/exit) from the canary's cgroup."""
+        if self._canary_cgid is None or b'"value"' not in line:
+            return False
+        try:
+            data = json.loads(line)["data"]
+            return data[0] in (pg.REC_SYSCALL, pg.REC_EXEC_ENTER) and data[4] == self._canary_cgid
+        except (ValueError, KeyError, IndexError, TypeError):
+            return False
 
     def _deliver(self, evt: Event) -> None:
         self.stats.events += 1

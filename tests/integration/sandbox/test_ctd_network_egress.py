@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from netns_server import server_namespace, sh
 
 from sandbox.errors import NetworkError
 from sandbox.network import (
@@ -78,9 +79,6 @@ print("open" if ok else "closed")
 """
 
 
-def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=check)
-
 
 def probe(pid: int, host: str, port: int, proto: str = "tcp") -> bool:
     out = sh("nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", PROBE,
@@ -122,33 +120,10 @@ def sandbox_links(pid: int) -> set[str]:
 @pytest.fixture
 def server_ns() -> Iterator[None]:
     """Servers in their own netns, reachable from the host via one veth."""
-    sh("ip", "netns", "del", SRV_NS, check=False)
-    sh("ip", "link", "del", SRV_HOST_IF, check=False)
-    server: subprocess.Popen[str] | None = None
-    try:
-        sh("ip", "netns", "add", SRV_NS)
-        sh("ip", "link", "add", SRV_HOST_IF, "type", "veth", "peer", "name", "srv0",
-           "netns", SRV_NS)
-        sh("ip", "addr", "add", f"{SRV_HOST_ADDR}/31", "dev", SRV_HOST_IF)
-        sh("ip", "link", "set", SRV_HOST_IF, "up")
-        # Replies to sandboxes are forwarded by the host: per-interface, never ip_forward.
-        Path(f"/proc/sys/net/ipv4/conf/{SRV_HOST_IF}/forwarding").write_text("1")
-        ns = ("ip", "-n", SRV_NS)
-        sh(*ns, "addr", "add", f"{SRV_ADDR}/31", "dev", "srv0")
-        sh(*ns, "link", "set", "srv0", "up")
-        sh(*ns, "link", "set", "lo", "up")
-        sh(*ns, "route", "add", "198.18.0.0/15", "via", SRV_HOST_ADDR)
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", SRV_NS, sys.executable, "-c", SERVER,
-             f"{ALLOWED_TCP},{DENIED_TCP}", str(ALLOWED_UDP), "120"],
-            stdout=subprocess.PIPE, text=True)
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    argv = [sys.executable, "-c", SERVER, f"{ALLOWED_TCP},{DENIED_TCP}", str(ALLOWED_UDP), "120"]
+    with server_namespace(SRV_NS, SRV_HOST_IF, SRV_HOST_ADDR, SRV_ADDR, argv):
         yield
-    finally:
-        if server is not None:
-            stop(server)
-        sh("ip", "link", "del", SRV_HOST_IF, check=False)
-        sh("ip", "netns", "del", SRV_NS, check=False)
+
 
 
 @contextlib.asynccontextmanager

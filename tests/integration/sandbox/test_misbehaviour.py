@@ -13,12 +13,12 @@ import contextlib
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from netns_server import server_namespace, sh
 
 from sandbox import network
 from sandbox.client import Containerd
@@ -247,40 +247,15 @@ time.sleep(float(sys.argv[2]))  # bounded lifetime even if the test dies
 NC = "nc -w 2 {} {} </dev/null"
 
 
-def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=check)
-
 
 @pytest.fixture
 def server_ns() -> Iterator[None]:
     if not shutil.which("nft") or not shutil.which("ip"):
         pytest.skip("needs nft and ip")
-    sh("ip", "netns", "del", SRV_NS, check=False)
-    sh("ip", "link", "del", SRV_HOST_IF, check=False)
-    server: subprocess.Popen[str] | None = None
-    try:
-        sh("ip", "netns", "add", SRV_NS)
-        sh("ip", "link", "add", SRV_HOST_IF, "type", "veth", "peer", "name", "srv0",
-           "netns", SRV_NS)
-        sh("ip", "addr", "add", f"{SRV_HOST_ADDR}/31", "dev", SRV_HOST_IF)
-        sh("ip", "link", "set", SRV_HOST_IF, "up")
-        Path(f"/proc/sys/net/ipv4/conf/{SRV_HOST_IF}/forwarding").write_text("1")
-        ns = ("ip", "-n", SRV_NS)
-        sh(*ns, "addr", "add", f"{SRV_ADDR}/31", "dev", "srv0")
-        sh(*ns, "link", "set", "srv0", "up")
-        sh(*ns, "link", "set", "lo", "up")
-        sh(*ns, "route", "add", "198.18.0.0/15", "via", SRV_HOST_ADDR)
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", SRV_NS, sys.executable, "-c", SERVER,
-             f"{ALLOWED},{DENIED}", "120"], stdout=subprocess.PIPE, text=True)
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    argv = [sys.executable, "-c", SERVER, f"{ALLOWED},{DENIED}", "120"]
+    with server_namespace(SRV_NS, SRV_HOST_IF, SRV_HOST_ADDR, SRV_ADDR, argv):
         yield
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait(timeout=5)
-        sh("ip", "link", "del", SRV_HOST_IF, check=False)
-        sh("ip", "netns", "del", SRV_NS, check=False)
+
 
 
 async def test_allowlist_through_create_sandbox(ctd: Containerd, make_sandbox: MakeSandbox,

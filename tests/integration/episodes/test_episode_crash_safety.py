@@ -17,10 +17,11 @@ import pytest
 from episode_helpers import eventually, sandbox_exists
 
 from activities.node import INTERRUPTED_EXIT_CODE
-from corral.sdk import Corral
+from corral.sdk import Corral, Episode
 from workers.config import StackConfig
 from workers.processes import wait_exit
 from workers.stack import Stack
+from workflows.models import StepResult
 
 pytestmark = pytest.mark.integration
 
@@ -42,18 +43,27 @@ def _journal(stack_config: StackConfig, sandbox_id: str) -> Path:
     return stack_config.node_dir(NODE) / "journal" / sandbox_id
 
 
-async def test_node_worker_killed_mid_step(
-    corral: Corral, stack: Stack, stack_config: StackConfig
-) -> None:
+async def _long_step_in_flight(
+    corral: Corral, stack_config: StackConfig, command: str
+) -> tuple[Episode, str, asyncio.Task[StepResult]]:
+    """An interactive episode on NODE whose step 1 (`command`) runs on the node now."""
     episode = await corral.start_episode(
         {"image": "busybox", "interactive": True, "reward": "cat /tmp/log"}, node=NODE
     )
     assert (await episode.exec("echo a >> /tmp/log")).ok
     sandbox_id = (await episode.status()).sandbox_id
-
-    long_step = asyncio.create_task(episode.exec("sleep 5; echo b >> /tmp/log"))
+    long_step = asyncio.create_task(episode.exec(command))
     marker = _journal(stack_config, sandbox_id) / "1.started"
     await eventually(marker.exists, what="step 1 started on the node")
+    return episode, sandbox_id, long_step
+
+
+async def test_node_worker_killed_mid_step(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode, sandbox_id, long_step = await _long_step_in_flight(
+        corral, stack_config, "sleep 5; echo b >> /tmp/log"
+    )
     await _kill_and_restart(stack, f"node-worker-{NODE}")
 
     interrupted = await long_step
@@ -106,14 +116,9 @@ async def test_workflow_worker_killed_mid_step(
 async def test_workflow_worker_killed_during_an_interactive_update(
     corral: Corral, stack: Stack, stack_config: StackConfig
 ) -> None:
-    episode = await corral.start_episode(
-        {"image": "busybox", "interactive": True, "reward": "cat /tmp/log"}, node=NODE
+    episode, sandbox_id, long_step = await _long_step_in_flight(
+        corral, stack_config, "sleep 5; echo b >> /tmp/log; echo out"
     )
-    assert (await episode.exec("echo a >> /tmp/log")).ok
-    sandbox_id = (await episode.status()).sandbox_id
-    long_step = asyncio.create_task(episode.exec("sleep 5; echo b >> /tmp/log; echo out"))
-    marker = _journal(stack_config, sandbox_id) / "1.started"
-    await eventually(marker.exists, what="step 1 started on the node")
     await _kill_and_restart(stack, "workflow-worker")
 
     step = await long_step  # the caller's Update survives the worker

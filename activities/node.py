@@ -102,7 +102,6 @@ class NodeActivities:
         self._metrics = metrics
         self._pool = pool
         self._sandbox_count = 0
-        self._images: dict[str, str] = {}
 
     # ------------------------------------------------------------ lifecycle
     @activity.defn(name="corral.load")

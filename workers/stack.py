@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from sandbox import BUSYBOX_IMAGE, Containerd, ContainerdDaemon, build_busybox_image
 from sandbox.daemon import unmount_under
@@ -62,6 +64,13 @@ class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.run_dir = config.state / "run"
+        self._client: Client | None = None
+
+    async def _temporal(self) -> Client:
+        """One Temporal connection per Stack: `up` polls the queues several times a second."""
+        if self._client is None:
+            self._client = await connect(self.config)
+        return self._client
 
     # ------------------------------------------------------------ processes
     def process(self, name: str) -> ManagedProcess:
@@ -213,7 +222,7 @@ class Stack:
         from temporalio.api.taskqueue.v1 import TaskQueue
         from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-        client = await connect(self.config)
+        client = await self._temporal()
         queues = [(self.config.workers.workflow_task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
         queues += [
             (self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
@@ -244,7 +253,7 @@ class Stack:
 
         from workflows.janitor import JanitorInput, JanitorWorkflow
 
-        client = await connect(self.config)
+        client = await self._temporal()
         schedule = Schedule(
             action=ScheduleActionStartWorkflow(
                 JanitorWorkflow.run,
@@ -369,7 +378,7 @@ class Stack:
     async def _temporal_status(self) -> ComponentStatus:
         proc = self.process("temporal")
         try:
-            client = await connect(self.config)
+            client = await self._temporal()
             await client.count_workflows()
             return ComponentStatus(
                 name="temporal",
@@ -378,7 +387,7 @@ class Stack:
                 pid=proc.pid(),
                 detail=self.config.ui_url,
             )
-        except CorralError as err:
+        except (CorralError, RPCError) as err:  # RPCError: it went away since
             return ComponentStatus(
                 name="temporal",
                 running=proc.running(),

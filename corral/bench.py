@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -226,10 +225,6 @@ def describe(report: BenchReport) -> list[str]:
         target = report.targets.get(name, "")
         lines.append(f"{name:45s} {value:7.3f}  {('target ' + target) if target else ''}")
     return lines
-
-
-def as_dict(report: BenchReport) -> dict[str, Any]:
-    return report.model_dump(mode="json")
 
 
 class DensityReport(BaseModel):

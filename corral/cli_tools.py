@@ -84,7 +84,7 @@ async def bench(
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
-    from corral.bench import as_dict, describe, run_bench, run_density
+    from corral.bench import describe, run_bench, run_density
 
     if density is not None:
         with Progress(console=console, transient=True) as progress:
@@ -109,7 +109,7 @@ async def bench(
             tick=lambda: progress.advance(task),
         )
     if as_json:
-        emit_json(as_dict(result))
+        emit_json(result)
         return
     for line in describe(result):
         out.print(line, markup=False)

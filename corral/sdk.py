@@ -24,7 +24,6 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import (
     Client,
     WorkflowFailureError,
@@ -389,4 +388,4 @@ def _rpc_error(episode_id: str, err: RPCError) -> Exception:
     return err
 
 
-__all__ = ["Corral", "Episode", "EpisodeSummary", "WorkflowExecutionStatus", "parse_spec"]
+__all__ = ["Corral", "Episode", "EpisodeSummary", "parse_spec"]

@@ -15,25 +15,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+from collections.abc import Awaitable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    from activities.models import Outcome
     from activities.node import NodeActivities
     from policies.alert import ANOMALY_SIGNAL
+    from policies.responses import Decision
     from workflows.models import (
         AlertSummary,
-        CarriedState,
+        AnomalySignal,
         EpisodeInput,
         EpisodeResult,
+        EpisodeState,
         EpisodeStatus,
         ExecRequest,
         ExecStepInput,
         FileContent,
+        KillOrder,
         LoadInput,
         NodeLoad,
         OnCallRequest,
@@ -48,12 +53,14 @@ with workflow.unsafe.imports_passed_through():
         WriteFileInput,
         WriteFileRequest,
     )
-
-EPISODE_STATE = SearchAttributeKey.for_keyword("EpisodeState")
-SANDBOX_NODE = SearchAttributeKey.for_keyword("SandboxNode")
-SANDBOX_IMAGE = SearchAttributeKey.for_keyword("SandboxImage")
-ANOMALY_RULE = SearchAttributeKey.for_keyword_list("AnomalyRule")
-TENANT = SearchAttributeKey.for_keyword("Tenant")
+    from workflows.search_attributes import (
+        ANOMALY_RULE,
+        EPISODE_STATE,
+        SANDBOX_ID,
+        SANDBOX_IMAGE,
+        SANDBOX_NODE,
+        TENANT,
+    )
 
 # Errors that no retry can fix: fail the provision at once.
 NON_RETRYABLE = ["InvalidSpec", "ImageNotFound", "SandboxPaused", "SandboxNotFound"]
@@ -64,6 +71,8 @@ VISIBLE_STATES = frozenset(
 )
 # Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
 MAX_STEPS_PER_RUN = 400
+
+T = TypeVar("T")
 
 
 def sandbox_id_for(workflow_id: str) -> str:
@@ -79,42 +88,28 @@ def sandbox_id_for(workflow_id: str) -> str:
 class _Killed(Exception):
     """Raised inside the workflow to end the episode now (rule, on-call or timer)."""
 
-    def __init__(self, reason: str, rule: str | None, outcome: str = "killed") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.rule = rule
-        self.outcome = outcome
+    def __init__(self, order: KillOrder) -> None:
+        super().__init__(order.reason)
+        self.order = order
 
 
 @workflow.defn
 class EpisodeWorkflow:
     @workflow.init
     def __init__(self, input: EpisodeInput) -> None:
-        info = workflow.info()
-        carried = input.carried
         self._input = input
         self._spec = input.spec
-        self._sandbox_id = carried.sandbox_id if carried else sandbox_id_for(info.workflow_id)
-        self._node = carried.node if carried else (input.node or "")
-        self._state = "running" if carried else "pending"
-        self._steps: list[StepResult] = list(carried.steps) if carried else []
-        self._next_index = carried.next_index if carried else 0
-        self._alerts: list[AlertSummary] = list(carried.alerts) if carried else []
-        self._provision_s = carried.provision_s if carried else 0.0
-        self._started_at = carried.started_at if carried else workflow.now()
-        self._scripted_done = carried.scripted_done if carried else False
-        self._ready = carried is not None
-        self._closing = False
-        self._continue_due = False  # the body stopped so that the next run goes on
-        self._finish_requested = carried.finishing if carried else False
-        self._quarantined = False
-        self._release_requested = False
-        self._kill: _Killed | None = None
-        self._pending_quarantine: list[dict[str, Any]] = []
-        self._steps_this_run = 0
-        self._activity_seq = 0
-        self._last_activity = workflow.now()
-        self._reason = ""
+        if input.carried is not None:
+            self._s = input.carried.next_run()
+        else:
+            now = workflow.now()
+            self._s = EpisodeState(
+                sandbox_id=sandbox_id_for(workflow.info().workflow_id),
+                node=input.node or "",
+                started_at=now,
+                last_activity=now,
+            )
+        # Serialises sandbox work: a step, a file operation, the reward.
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ run
@@ -131,13 +126,13 @@ class EpisodeWorkflow:
             body = asyncio.create_task(self._body())
             await self._supervise(body)
             reward = body.result()
-            if self._continue_due:
+            if self._s.continue_due:
                 # The body stopped early to hand over; it ran no reward.
                 continuing = True
             elif reward is not None and not reward.ok:
                 outcome, reason = "failed", f"reward command exited {reward.exit_code}"
         except _Killed as killed:
-            outcome, reason = killed.outcome, killed.reason
+            outcome, reason = killed.order.outcome, killed.order.reason
         except asyncio.CancelledError:
             outcome, reason = "cancelled", "episode cancelled"
             raise
@@ -174,56 +169,57 @@ class EpisodeWorkflow:
             raise
 
     async def _watch(self, body: asyncio.Task[StepResult | None]) -> None:
-        deadline = self._started_at + timedelta(seconds=self._spec.timeouts.max_lifetime_s)
+        assert self._s.started_at is not None
+        deadline = self._s.started_at + timedelta(seconds=self._spec.timeouts.max_lifetime_s)
         while not body.done():
-            if self._kill is None and self._pending_quarantine:
-                await self._quarantine(self._pending_quarantine.pop(0))
+            if self._s.kill is None and self._s.pending_quarantines:
+                await self._quarantine(self._s.pending_quarantines.pop(0))
                 continue
-            if self._kill is not None:
+            if self._s.kill is not None:
                 body.cancel()
                 await _settle(body)
-                raise self._kill
+                raise _Killed(self._s.kill)
             remaining = (deadline - workflow.now()).total_seconds()
             if remaining <= 0:
                 lifetime = self._spec.timeouts.max_lifetime_s
-                self._kill = _Killed(
-                    f"maximum lifetime of {lifetime:g} s reached", None, "timed_out"
-                )
+                self._end(f"maximum lifetime of {lifetime:g} s reached", outcome="timed_out")
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: body.done() or self._kill is not None or bool(self._pending_quarantine),
+                    lambda: (
+                        body.done() or self._s.kill is not None or bool(self._s.pending_quarantines)
+                    ),
                     timeout=timedelta(seconds=remaining),
                 )
             except TimeoutError:
                 continue
-        if self._kill is not None:
-            raise self._kill
+        if self._s.kill is not None:
+            raise _Killed(self._s.kill)
         body.result()  # re-raise what the body raised
 
     # ---------------------------------------------------------------- phases
     async def _provision(self) -> None:
         self._set_state("placing")
-        if not self._node:
-            self._node = await self._place()
+        if not self._s.node:
+            self._s.node = await self._place()
         self._set_state("provisioning")
         info = workflow.info()
         labels = {
             "corral.workflow_id": info.workflow_id,
             "corral.run_id": info.run_id,
             "corral.tenant": self._spec.tenant,
-            "corral.node": self._node,
+            "corral.node": self._s.node,
             **{f"corral.label.{k}": v for k, v in self._spec.labels.items()},
         }
         result = await self._node_activity(
             NodeActivities.provision,
-            ProvisionInput(sandbox_id=self._sandbox_id, spec=self._spec, labels=labels),
+            ProvisionInput(sandbox_id=self._s.sandbox_id, spec=self._spec, labels=labels),
             timeout_s=300,
             attempts=4,
         )
-        self._provision_s = result.provision_s
+        self._s.provision_s = result.provision_s
         # A warm sandbox keeps its own id; every later activity uses the real one.
-        self._sandbox_id = result.sandbox_id
+        self._s.sandbox_id = result.sandbox_id
         for spec_file in self._spec.files:
             request = WriteFileRequest(
                 path=spec_file.path,
@@ -232,10 +228,10 @@ class EpisodeWorkflow:
             )
             await self._node_activity(
                 NodeActivities.write_file,
-                WriteFileInput(sandbox_id=self._sandbox_id, request=request),
+                WriteFileInput(sandbox_id=self._s.sandbox_id, request=request),
                 timeout_s=60,
             )
-        self._ready = True
+        self._s.ready = True
 
     async def _place(self) -> str:
         """The less loaded of two random nodes (power of two choices)."""
@@ -265,10 +261,10 @@ class EpisodeWorkflow:
         )
 
     async def _body(self) -> StepResult | None:
-        if not self._scripted_done:
-            for step in self._spec.steps[self._next_index :]:
+        if not self._s.scripted_done:
+            for step in self._spec.steps[self._s.next_index :]:
                 if self._wants_continue_as_new():
-                    self._continue_due = True
+                    self._s.continue_due = True
                     return None  # the next run goes on from this step
                 await self._wait_unfrozen()
                 async with self._lock:
@@ -280,9 +276,9 @@ class EpisodeWorkflow:
                         type="StepFailed",
                         non_retryable=True,
                     )
-            self._scripted_done = True
+            self._s.scripted_done = True
         if self._spec.interactive and not await self._wait_for_finish():
-            self._continue_due = True
+            self._s.continue_due = True
             return None  # continue-as-new is due: the next run goes on
         await self._wait_unfrozen()
         if self._spec.reward is None:
@@ -293,19 +289,19 @@ class EpisodeWorkflow:
     async def _wait_for_finish(self) -> bool:
         """Idle TTL as a durable timer, reset by each interactive request."""
         ttl = timedelta(seconds=self._spec.timeouts.idle_ttl_s)
-        while not self._finish_requested:
-            seen = self._activity_seq
+        while not self._s.finishing:
+            seen = self._s.activity_seq
             try:
                 await workflow.wait_condition(
                     lambda: (
-                        self._finish_requested
-                        or self._activity_seq != seen  # noqa: B023 - awaited within this iteration
+                        self._s.finishing
+                        or self._s.activity_seq != seen  # noqa: B023 - awaited within this iteration
                         or self._wants_continue_as_new()
                     ),
                     timeout=ttl,
                 )
             except TimeoutError:
-                if not self._quarantined:  # quarantine has its own timer
+                if not self._s.quarantined:  # quarantine has its own timer
                     raise ApplicationError(
                         f"idle for {self._spec.timeouts.idle_ttl_s:g} s with no request",
                         type="IdleTimeout",
@@ -316,16 +312,16 @@ class EpisodeWorkflow:
         return True
 
     async def _wait_unfrozen(self) -> None:
-        await workflow.wait_condition(lambda: not self._quarantined)
+        await workflow.wait_condition(lambda: not self._s.quarantined)
 
     async def _run_step(self, step: Step, source: str) -> StepResult:
-        index = self._next_index
-        self._next_index += 1
+        index = self._s.next_index
+        self._s.next_index += 1
         self._touch()
         result: StepResult = await self._node_activity(
             NodeActivities.exec_step,
             ExecStepInput(
-                sandbox_id=self._sandbox_id,
+                sandbox_id=self._s.sandbox_id,
                 step=step,
                 index=index,
                 source=source,  # type: ignore[arg-type]
@@ -335,82 +331,83 @@ class EpisodeWorkflow:
             ),
             timeout_s=(step.timeout_s or self._spec.timeouts.step_s) + 60,
         )
-        self._steps.append(result)
-        self._steps_this_run += 1
+        self._s.steps.append(result)
+        self._s.steps_this_run += 1
         self._touch()
         return result
 
     # -------------------------------------------------------------- anomalies
     @workflow.signal(name=ANOMALY_SIGNAL)
-    def anomaly(self, payload: dict[str, Any]) -> None:
-        alert = payload.get("alert") or {}
-        decision = payload.get("decision") or {}
-        action = str(decision.get("action", "notify"))
-        rule = str(alert.get("rule") or decision.get("rule") or "unknown rule")
-        self._alerts.append(
+    def anomaly(self, signal: AnomalySignal) -> None:
+        alert, decision = signal.alert, signal.decision
+        self._s.alerts.append(
             AlertSummary(
-                rule=rule,
-                priority=str(alert.get("priority", "")),
-                action=action,
-                time=alert.get("time"),
-                output=str(alert.get("output", ""))[:1000],
+                rule=alert.rule,
+                priority=str(alert.priority),
+                action=decision.action,
+                time=alert.time,
+                output=alert.output[:1000],
             )
         )
-        self._upsert(ANOMALY_RULE.value_set(sorted({a.rule for a in self._alerts})))
-        if action == "kill":
-            self._kill = self._kill or _Killed(f"killed by rule '{rule}'", rule)
-        elif action == "quarantine" and not decision.get("dry_run"):
-            self._pending_quarantine.append({"rule": rule, **decision})
+        self._upsert(ANOMALY_RULE.value_set(self._s.rules))
+        if decision.action == "kill":
+            self._end(f"killed by rule '{alert.rule}'", rule=alert.rule)
+        elif decision.action == "quarantine" and not decision.dry_run:
+            self._s.pending_quarantines.append(decision)
 
-    async def _quarantine(self, decision: dict[str, Any]) -> None:
-        if self._quarantined or not self._ready:
+    async def _quarantine(self, decision: Decision) -> None:
+        if self._s.quarantined or not self._s.ready:
             return
-        rule = decision["rule"]
+        rule = decision.rule
         await self._node_activity(
-            NodeActivities.freeze, SandboxRef(sandbox_id=self._sandbox_id), timeout_s=30
+            NodeActivities.freeze, SandboxRef(sandbox_id=self._s.sandbox_id), timeout_s=30
         )
-        self._quarantined, self._release_requested = True, False
-        self._reason = f"quarantined by rule '{rule}'"
+        self._s.quarantined, self._s.release_requested = True, False
+        self._s.reason = f"quarantined by rule '{rule}'"
         self._set_state("quarantined")
-        timeout_s = float(
-            (decision.get("parameters") or {}).get("timeout_s", self._spec.timeouts.quarantine_s)
-        )
+        timeout_s = float(decision.parameters.get("timeout_s", self._spec.timeouts.quarantine_s))
         try:
             await workflow.wait_condition(
-                lambda: self._release_requested or self._kill is not None,
+                lambda: self._s.release_requested or self._s.kill is not None,
                 timeout=timedelta(seconds=timeout_s),
             )
         except TimeoutError:
-            self._kill = _Killed(
-                f"quarantine by rule '{rule}' timed out after {timeout_s:g} s", rule
-            )
-        if self._kill is None:
+            self._end(f"quarantine by rule '{rule}' timed out after {timeout_s:g} s", rule=rule)
+        if self._s.kill is None:
             await self._node_activity(
-                NodeActivities.thaw, SandboxRef(sandbox_id=self._sandbox_id), timeout_s=30
+                NodeActivities.thaw, SandboxRef(sandbox_id=self._s.sandbox_id), timeout_s=30
             )
-            self._quarantined, self._reason = False, ""
+            self._s.quarantined, self._s.reason = False, ""
             self._set_state("running")
 
     @workflow.signal
     def release(self, request: OnCallRequest) -> None:
         """On-call: let a quarantined episode go on."""
-        self._release_requested = True
+        self._s.release_requested = True
 
     @workflow.signal
     def kill(self, request: OnCallRequest) -> None:
         """On-call: end the episode now, tearing the sandbox down."""
         who = f" by {request.by}" if request.by else ""
         why = f": {request.reason}" if request.reason else ""
-        self._kill = self._kill or _Killed(f"killed by on-call{who}{why}", None)
+        self._end(f"killed by on-call{who}{why}")
+
+    def _end(self, reason: str, *, rule: str | None = None, outcome: Outcome = "killed") -> None:
+        """Order the end of the episode; the first order wins."""
+        if self._s.kill is None:
+            self._s.kill = KillOrder(reason=reason, rule=rule, outcome=outcome)
 
     # ------------------------------------------------------------- updates
+    # A request that cannot run fails with an ApplicationError whose type the
+    # SDK maps to a trainer exception: EpisodeEnded, EpisodeQuarantined,
+    # EpisodeFinishing, or the sandbox layer's error (FileNotFound, ...).
     @workflow.update(name="exec")
     async def exec_update(self, request: ExecRequest) -> StepResult:
         await self._wait_interactive()
         async with self._lock:
             await self._wait_unfrozen()
             self._check_open()
-            return await self._run_step(request.as_step(), "interactive")
+            return await _surfaced(self._run_step(request.as_step(), "interactive"))
 
     @exec_update.validator
     def _validate_exec(self, request: ExecRequest) -> None:
@@ -422,16 +419,23 @@ class EpisodeWorkflow:
         async with self._lock:
             self._check_open()
             self._touch()
-            await self._node_activity(
-                NodeActivities.write_file,
-                WriteFileInput(sandbox_id=self._sandbox_id, request=request),
-                timeout_s=60,
+            await _surfaced(
+                self._node_activity(
+                    NodeActivities.write_file,
+                    WriteFileInput(sandbox_id=self._s.sandbox_id, request=request),
+                    timeout_s=60,
+                )
             )
 
     @write_file.validator
     def _validate_write_file(self, request: WriteFileRequest) -> None:
         self._check_open()
-        base64.b64decode(request.content_b64, validate=True)
+        try:
+            base64.b64decode(request.content_b64, validate=True)
+        except ValueError as err:
+            raise ApplicationError(
+                f"content_b64 is not base64: {err}", type="InvalidRequest"
+            ) from None
 
     @workflow.update
     async def read_file(self, request: ReadFileRequest) -> FileContent:
@@ -439,10 +443,12 @@ class EpisodeWorkflow:
         async with self._lock:
             self._check_open()
             self._touch()
-            content: FileContent = await self._node_activity(
-                NodeActivities.read_file,
-                ReadFileInput(sandbox_id=self._sandbox_id, request=request),
-                timeout_s=60,
+            content: FileContent = await _surfaced(
+                self._node_activity(
+                    NodeActivities.read_file,
+                    ReadFileInput(sandbox_id=self._s.sandbox_id, request=request),
+                    timeout_s=60,
+                )
             )
             return content
 
@@ -453,74 +459,92 @@ class EpisodeWorkflow:
     @workflow.update
     async def finish(self) -> None:
         """Ask the episode to compute its reward and end; returns at once."""
-        self._finish_requested = True
+        self._s.finishing = True
         self._touch()
 
     @finish.validator
     def _validate_finish(self) -> None:
         if not self._spec.interactive:
-            raise ValueError("episode is not interactive: it finishes by itself")
+            raise ApplicationError(
+                "episode is not interactive: it finishes by itself", type="InvalidRequest"
+            )
         self._check_open()
 
     async def _wait_interactive(self) -> None:
         """Interactive requests run after the sandbox is up and the scripted steps
         are done, never beside them; if the episode ends first, they are refused."""
         await workflow.wait_condition(
-            lambda: (self._ready and self._scripted_done) or self._closing or self._kill is not None
+            lambda: (
+                (self._s.ready and self._s.scripted_done)
+                or self._s.closing
+                or self._s.kill is not None
+            )
         )
         self._check_open()
 
     def _check_open(self) -> None:
-        if self._kill is not None or self._closing:
-            raise ValueError(f"episode is {self._state}: no more requests")
-        if self._finish_requested:
-            raise ValueError("episode is finishing: no more requests")
-        if self._quarantined:
-            raise ValueError(f"episode is quarantined ({self._reason}): release it first")
+        episode = workflow.info().workflow_id
+        if self._s.kill is not None or self._s.closing:
+            why = self._s.kill.reason if self._s.kill else self._s.reason
+            how = self._s.kill.outcome if self._s.kill else self._s.state
+            raise ApplicationError(
+                f"episode {episode} has ended: {how}" + (f": {why}" if why else ""),
+                {"outcome": how, "reason": why},
+                type="EpisodeEnded",
+            )
+        if self._s.finishing:
+            raise ApplicationError(
+                f"episode {episode} is finishing: no more requests", type="EpisodeFinishing"
+            )
+        if self._s.quarantined:
+            raise ApplicationError(
+                f"episode {episode} is quarantined ({self._s.reason}): release it first",
+                type="EpisodeQuarantined",
+            )
 
     # ------------------------------------------------------------- queries
     @workflow.query
     def status(self) -> EpisodeStatus:
         return EpisodeStatus(
             episode_id=workflow.info().workflow_id,
-            state=self._state,
-            node=self._node,
-            sandbox_id=self._sandbox_id,
+            state=self._s.state,
+            node=self._s.node,
+            sandbox_id=self._s.sandbox_id,
             image=self._spec.image,
             tenant=self._spec.tenant,
-            steps_done=len(self._steps),
-            anomaly_rules=sorted({a.rule for a in self._alerts}),
-            quarantined=self._quarantined,
-            last_activity=self._last_activity,
-            reason=self._reason,
+            steps_done=len(self._s.steps),
+            anomaly_rules=self._s.rules,
+            quarantined=self._s.quarantined,
+            last_activity=self._s.last_activity,
+            reason=self._s.reason,
         )
 
     @workflow.query
     def steps(self) -> list[StepResult]:
-        return self._steps
+        return self._s.steps
 
     # ------------------------------------------------------------- closing
     async def _close(self, outcome: str, reason: str, reward: StepResult | None) -> EpisodeResult:
-        self._reason = reason
-        self._closing = True
+        self._s.reason = reason
+        self._s.closing = True
         self._set_state("closing")
         info = workflow.info()
         result = EpisodeResult(
             episode_id=info.workflow_id,
             outcome=outcome,  # type: ignore[arg-type]
             reason=reason,
-            node=self._node,
-            sandbox_id=self._sandbox_id,
+            node=self._s.node,
+            sandbox_id=self._s.sandbox_id,
             image=self._spec.image,
             tenant=self._spec.tenant,
-            steps=self._steps,
+            steps=self._s.steps,
             reward=reward,
-            alerts=self._alerts,
-            started_at=self._started_at,
+            alerts=self._s.alerts,
+            started_at=self._s.started_at,
             ended_at=workflow.now(),
-            provision_s=self._provision_s,
+            provision_s=self._s.provision_s,
         )
-        if self._node:
+        if self._s.node:
             # One activity tears down and records: a second one per episode
             # cost the server more than the record is worth.
             record = RecordEpisodeInput(
@@ -535,35 +559,23 @@ class EpisodeWorkflow:
         try:
             done = await self._node_activity(
                 NodeActivities.teardown,
-                TeardownInput(sandbox_id=self._sandbox_id, record=record),
+                TeardownInput(sandbox_id=self._s.sandbox_id, record=record),
                 timeout_s=120,
             )
             return float(done.teardown_s)
         except ActivityError as err:
-            workflow.logger.warning("teardown of %s failed: %s", self._sandbox_id, err)
+            workflow.logger.warning("teardown of %s failed: %s", self._s.sandbox_id, err)
             return 0.0
 
     # -------------------------------------------------------- continue-as-new
     def _wants_continue_as_new(self) -> bool:
-        return self._ready and (
+        return self._s.ready and (
             workflow.info().is_continue_as_new_suggested()
-            or self._steps_this_run >= (self._input.max_steps_per_run or MAX_STEPS_PER_RUN)
+            or self._s.steps_this_run >= (self._input.max_steps_per_run or MAX_STEPS_PER_RUN)
         )
 
     def _carry(self) -> EpisodeInput:
-        carried = CarriedState(
-            sandbox_id=self._sandbox_id,
-            node=self._node,
-            started_at=self._started_at,
-            provision_s=self._provision_s,
-            # Outputs stay in this run's history; the next run keeps the log's shape.
-            steps=[step.summary() for step in self._steps],
-            next_index=self._next_index,
-            alerts=self._alerts,
-            finishing=self._finish_requested,
-            scripted_done=self._scripted_done,
-        )
-        return self._input.model_copy(update={"carried": carried, "node": self._node})
+        return self._input.model_copy(update={"carried": self._s.carried(), "node": self._s.node})
 
     # ------------------------------------------------------------- helpers
     def _queue(self, node: str) -> str:
@@ -575,7 +587,7 @@ class EpisodeWorkflow:
         return await workflow.execute_activity_method(
             method,
             arg,
-            task_queue=self._queue(self._node),
+            task_queue=self._queue(self._s.node),
             start_to_close_timeout=timedelta(seconds=timeout_s),
             heartbeat_timeout=timedelta(seconds=15),
             retry_policy=RetryPolicy(
@@ -586,13 +598,13 @@ class EpisodeWorkflow:
         )
 
     def _touch(self) -> None:
-        self._activity_seq += 1
-        self._last_activity = workflow.now()
+        self._s.activity_seq += 1
+        self._s.last_activity = workflow.now()
 
     def _set_state(self, state: str) -> None:
         """Every state shows in the workflow's details; only those on-call filters
         by are written to visibility, because each upsert rewrites its row."""
-        self._state = state
+        self._s.state = state
         workflow.set_current_details(self._details())
         if state not in VISIBLE_STATES:
             return
@@ -600,29 +612,44 @@ class EpisodeWorkflow:
             EPISODE_STATE.value_set(state),
             TENANT.value_set(self._spec.tenant),
             SANDBOX_IMAGE.value_set(self._spec.image),
-            *([SANDBOX_NODE.value_set(self._node)] if self._node else []),
+            SANDBOX_ID.value_set(self._s.sandbox_id),
+            *([SANDBOX_NODE.value_set(self._s.node)] if self._s.node else []),
         )
         workflow.upsert_memo(
             {
                 "state": state,
-                "node": self._node,
-                "sandbox_id": self._sandbox_id,
-                "reason": self._reason,
-                "steps": len(self._steps),
+                "node": self._s.node,
+                "sandbox_id": self._s.sandbox_id,
+                "reason": self._s.reason,
+                "steps": len(self._s.steps),
             }
         )
 
     def _details(self) -> str:
-        rules = ", ".join(sorted({a.rule for a in self._alerts})) or "none"
+        rules = ", ".join(self._s.rules) or "none"
         return (
-            f"**{self._state}** on `{self._node or '?'}`, sandbox `{self._sandbox_id}`, "
+            f"**{self._s.state}** on `{self._s.node or '?'}`, sandbox `{self._s.sandbox_id}`, "
             f"image `{self._spec.image}`, tenant `{self._spec.tenant}`; "
-            f"{len(self._steps)} steps; alerts: {rules}"
-            + (f"; {self._reason}" if self._reason else "")
+            f"{len(self._s.steps)} steps; alerts: {rules}"
+            + (f"; {self._s.reason}" if self._s.reason else "")
         )
 
     def _upsert(self, *updates: Any) -> None:
         workflow.upsert_search_attributes(list(updates))
+
+
+async def _surfaced(work: Awaitable[T]) -> T:
+    """An activity failure inside an Update reaches the trainer as its cause
+    (type and one-line message), not as "Activity task failed"."""
+    try:
+        return await work
+    except ActivityError as err:
+        cause = _application_cause(err)
+        if cause is None:
+            raise ApplicationError(str(err), type="RequestFailed") from None
+        raise ApplicationError(
+            str(cause.message), *cause.details, type=cause.type or "RequestFailed"
+        ) from None
 
 
 async def _settle(task: asyncio.Task[Any]) -> None:
@@ -638,9 +665,14 @@ def _outcome_of(err: ApplicationError) -> str:
     return {"IdleTimeout": "timed_out"}.get(err.type or "", "failed")
 
 
-def _cause_message(err: ActivityError) -> str:
-    """The innermost application error's message: what actually went wrong."""
+def _application_cause(err: ActivityError) -> ApplicationError | None:
+    """The innermost application error: what actually went wrong."""
     cause: BaseException | None = err.cause
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = getattr(cause, "cause", None)
-    return str(cause.message) if isinstance(cause, ApplicationError) else str(err)
+    return cause if isinstance(cause, ApplicationError) else None
+
+
+def _cause_message(err: ActivityError) -> str:
+    cause = _application_cause(err)
+    return str(cause.message) if cause is not None else str(err)

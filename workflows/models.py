@@ -41,19 +41,23 @@ from activities.models import (
     WriteFileInput,
     WriteFileRequest,
 )
+from policies.alert import Alert
+from policies.responses import Decision
 
 __all__ = [
     "AlertSummary",
-    "CarriedState",
+    "AnomalySignal",
     "EgressRule",
     "EpisodeInput",
     "EpisodeResult",
     "EpisodeSpec",
+    "EpisodeState",
     "EpisodeStatus",
     "ExecRequest",
     "ExecStepInput",
     "FileContent",
     "FileSpec",
+    "KillOrder",
     "LoadInput",
     "Network",
     "NodeLoad",
@@ -87,19 +91,77 @@ class EpisodeInput(BaseModel):
     # (MAX_STEPS_PER_RUN). Tests set it small to exercise the hand-over.
     max_steps_per_run: int | None = Field(default=None, ge=1)
     # Carried over by continue-as-new; empty on the first run.
-    carried: CarriedState | None = None
+    carried: EpisodeState | None = None
 
 
-class CarriedState(BaseModel):
-    sandbox_id: str
-    node: str
-    started_at: datetime
-    provision_s: float
-    steps: list[StepResult]
-    next_index: int
+class KillOrder(BaseModel):
+    """Why the episode must end now: a rule, on-call, a timer or a lost node."""
+
+    reason: str
+    rule: str | None = None
+    outcome: Outcome = "killed"
+
+
+class EpisodeState(BaseModel):
+    """Everything `EpisodeWorkflow` knows, in one object.
+
+    It is also what continue-as-new carries to the next run, so nothing the
+    episode knows is lost at the hand-over (the step log keeps its shape but
+    drops outputs, which stay in the earlier run's history). The field names of
+    the first version (`finishing`, `scripted_done`, ...) are kept so that
+    recorded histories still load.
+    """
+
+    state: str = "pending"
+    sandbox_id: str = ""
+    node: str = ""
+    started_at: datetime | None = None
+    provision_s: float = 0.0
+    steps: list[StepResult] = Field(default_factory=list)
+    next_index: int = 0
     alerts: list[AlertSummary] = Field(default_factory=list)
-    finishing: bool = False
     scripted_done: bool = False
+    finishing: bool = False  # the trainer asked to finish (reward, then end)
+    ready: bool = False  # the sandbox is up and its files written
+    quarantined: bool = False
+    release_requested: bool = False
+    pending_quarantines: list[Decision] = Field(default_factory=list)
+    kill: KillOrder | None = None
+    closing: bool = False
+    reason: str = ""
+    last_activity: datetime | None = None
+    # Per run: bumped by every request (resets the idle timer), counted for
+    # continue-as-new, set when the body stopped so that the next run goes on.
+    activity_seq: int = 0
+    steps_this_run: int = 0
+    continue_due: bool = False
+
+    def next_run(self) -> EpisodeState:
+        """The state a continued run starts from: the sandbox is up and running."""
+        return self.model_copy(
+            update={
+                "state": "running",
+                "ready": True,
+                "steps_this_run": 0,
+                "continue_due": False,
+                "closing": False,
+            }
+        )
+
+    def carried(self) -> EpisodeState:
+        """What continue-as-new hands over: outputs stay in this run's history."""
+        return self.model_copy(update={"steps": [step.summary() for step in self.steps]})
+
+    @property
+    def rules(self) -> list[str]:
+        return sorted({alert.rule for alert in self.alerts})
+
+
+class AnomalySignal(BaseModel):
+    """The `anomaly` signal the intake sends: the Falco alert and the decision on it."""
+
+    alert: Alert
+    decision: Decision
 
 
 class OnCallRequest(BaseModel):

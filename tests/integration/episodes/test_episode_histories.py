@@ -20,8 +20,10 @@ from episode_helpers import eventually, sandbox_exists
 
 from corral.errors import EpisodeKilled
 from corral.sdk import Corral, Episode
-from policies.alert import ANOMALY_SIGNAL
+from policies.alert import ANOMALY_SIGNAL, make_alert
+from policies.responses import Decision, DecisionAction
 from workers.config import StackConfig
+from workflows.models import AnomalySignal
 
 pytestmark = pytest.mark.integration
 
@@ -60,11 +62,15 @@ async def test_interactive_history(corral: Corral) -> None:
     await _record(corral, episode, "interactive")
 
 
-def _alert(rule: str, action: str) -> dict[str, object]:
-    return {
-        "alert": {"rule": rule, "priority": "Warning", "output": f"{rule} fired", "time": None},
-        "decision": {"action": action, "rule": rule},
-    }
+def _alert(rule: str, action: DecisionAction) -> AnomalySignal:
+    """What the intake sends for an alert of `rule` that the responses map to `action`."""
+    alert = make_alert(
+        rule=rule,
+        priority="Warning",
+        output=f"{rule} fired",
+        output_fields={"container.id": "0123456789ab"},
+    )
+    return AnomalySignal(alert=alert, decision=Decision(action=action, rule=rule))
 
 
 async def test_quarantine_then_release_history(corral: Corral, stack_config: StackConfig) -> None:

@@ -5,8 +5,6 @@ The upstream file is read in place (never copied into the project).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -162,25 +160,14 @@ def test_explain_upstream_rule(upstream: Path, reg: FieldRegistry) -> None:
     assert "proc.cmdline" in ex.output_fields
 
 
-def _rate(fn: Callable[[], object], seconds: float = 0.3) -> float:
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        fn()
-        n += 1
-    return n / (time.perf_counter() - start)
-
-
-def test_throughput_print(eng: RuleEngine) -> None:
-    """Rules/sec on upstream rules with synthetic events (printed, no threshold)."""
-    events = {
-        "execve (shell in container)": _shell_in_container(),
-        "openat /etc/shadow": _open("/etc/shadow", "cat", 0),
-        "openat /tmp/x (no match)": _open("/tmp/x", "cat", 0),
-        "close (no rule)": Event(type="close", proc=Process(pid=1, name="x")),
-    }
-    print()
-    for label, ev in events.items():
-        n_rules = len(eng.candidates(ev))
-        per_sec = _rate(lambda ev=ev: eng.evaluate(ev))
-        print(f"  {label:30s} {n_rules:2d} rules/event  {per_sec:10.0f} events/s  "
-              f"{per_sec * max(n_rules, 1):10.0f} rule evaluations/s")
+def test_events_reach_only_the_rules_indexed_for_their_type(eng: RuleEngine) -> None:
+    """The event-type index, not a scan of every rule, decides what is evaluated
+    (engine speed itself is measured by the sensor benchmark, not here)."""
+    active = len(eng.ruleset.active)
+    no_rule = Event(type="close", proc=Process(pid=1, name="x"))
+    assert eng.candidates(no_rule) == ()
+    for ev in (_shell_in_container(), _open("/etc/shadow", "cat", 0)):
+        candidates = eng.candidates(ev)
+        assert 0 < len(candidates) < active
+        assert all(ev.type in entry.event_types for entry in candidates)
+    assert {m.rule for m in eng.evaluate(_open("/tmp/x", "cat", 0))} == set()

@@ -1,0 +1,213 @@
+"""One comparison operator applied to one (normalised) value, as libsinsp does."""
+
+from __future__ import annotations
+
+import ipaddress
+import operator
+import re
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from policies.falco.fieldapi import FieldRegistry, FieldType
+from policies.falco.grammar import BinaryCheck, FieldValue, ListValue
+from policies.falco.loader import ItemContext, RuleLoadError, UnsupportedOperatorError
+from policies.falco.transformers import SEQ, Getter, make_getter, to_int, to_text
+from policies.falco.typecheck import IP_TYPES, NUMERIC, ResolvedField, convert, resolve_field
+
+Predicate = Callable[[Any], bool]
+
+
+def _glob_regex(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """fnmatch(3) without flags: '*' also matches '/', backslash is literal."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = i
+            if j < n and pattern[j] in "!^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(re.escape(c))
+                continue
+            body = pattern[i:j]
+            i = j + 1
+            neg = body[:1] in ("!", "^")
+            body = body[1:] if neg else body
+            body = body.replace("\\", "\\\\").replace("^", "\\^")
+            out.append(f"[{'^' if neg else ''}{body}]")
+        else:
+            out.append(re.escape(c))
+    return re.compile("".join(out), re.DOTALL | flags)
+
+
+def _pmatch_test(paths: Sequence[str]) -> Callable[[Any], bool]:
+    prefixes = frozenset(p.rstrip("/") or "/" for p in paths)
+
+    def test(x: Any) -> bool:
+        path = to_text(x)
+        if path in prefixes or ("/" in prefixes and path.startswith("/")):
+            return True
+        cut = path.rfind("/")
+        while cut > 0:
+            path = path[:cut]
+            if path in prefixes:
+                return True
+            cut = path.rfind("/")
+        return False
+
+    return test
+
+
+def _as_bytes(x: Any) -> bytes:
+    if isinstance(x, (bytes, bytearray)):
+        return bytes(x)
+    return to_text(x).encode("utf-8", "surrogateescape")
+
+
+def _hex(text: str, ctx: ItemContext | None) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise RuleLoadError(f"'{text}' is not a hexadecimal byte string", ctx) from None
+
+
+# Numeric comparisons, written as v OP x because partial binds the value first.
+_NUM_CMP = {"<": operator.gt, "<=": operator.ge, ">": operator.lt, ">=": operator.le}
+
+
+def _string_test(op: str, v: str, ctx: ItemContext | None) -> Callable[[Any], bool]:
+    if op in ("=", "=="):
+        return partial(operator.eq, v)
+    if op == "!=":
+        return partial(operator.ne, v)
+    if op == "contains":
+        return lambda x: v in x
+    if op == "icontains":
+        low = v.lower()
+        return lambda x: low in x.lower()
+    if op == "startswith":
+        return lambda x: x.startswith(v)
+    if op == "endswith":
+        return lambda x: x.endswith(v)
+    if op in ("glob", "iglob"):
+        match = _glob_regex(v, re.IGNORECASE if op == "iglob" else 0).fullmatch
+        return lambda x: match(x) is not None
+    if op == "regex":
+        try:
+            rmatch = re.compile(v).fullmatch
+        except re.error as e:
+            raise RuleLoadError(f"invalid regex '{v}': {e}", ctx) from None
+        return lambda x: rmatch(x) is not None
+    if op in ("bcontains", "bstartswith"):
+        needle = _hex(v, ctx)
+        if op == "bcontains":
+            return lambda x: needle in _as_bytes(x)
+        return lambda x: _as_bytes(x).startswith(needle)
+    raise UnsupportedOperatorError(f"unsupported operator '{op}'", ctx)
+
+
+def _ip_eq(v: Any) -> Callable[[Any], bool]:
+    if isinstance(v, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+        return lambda x: x.version == v.version and x in v
+    return partial(operator.eq, v)
+
+
+def scalar_test(
+    op: str, rhs: Any, fld: ResolvedField, ctx: ItemContext | None
+) -> Callable[[Any], bool]:
+    """A test for one non-None (normalised) value of the field."""
+    ftype = fld.type
+    name = fld.ref.name
+    values = [v.text for v in rhs.items] if isinstance(rhs, ListValue) else [rhs.text]
+    if op == "pmatch":
+        return _pmatch_test(values)
+    if op in ("in", "intersects"):
+        if ftype in IP_TYPES:
+            tests = [_ip_eq(convert(t, ftype, ctx, name)) for t in values]
+            return lambda x: any(t(x) for t in tests)
+        members = frozenset(convert(t, ftype, ctx, name) for t in values)
+        return members.__contains__
+    text = values[0]
+    if op in _NUM_CMP:
+        cmp = partial(_NUM_CMP[op], convert(text, FieldType.INT, ctx, name))
+        if ftype in NUMERIC:
+            return cmp
+        return lambda x: (n := to_int(x)) is not None and cmp(n)
+    if op in ("=", "==", "!=") and ftype not in (FieldType.STRING, FieldType.LIST):
+        v = convert(text, ftype, ctx, name)
+        test = _ip_eq(v) if ftype in IP_TYPES else partial(operator.eq, v)
+        return test if op != "!=" else lambda x: not test(x)
+    test_s = _string_test(op, text, ctx)
+    if ftype in (FieldType.STRING, FieldType.LIST):
+        return test_s
+    # A string operator on a typed field: compare its printed form.
+    return lambda x: test_s(to_text(x))
+
+
+def lift(get: Getter, test: Callable[[Any], bool]) -> Predicate:
+    """None -> false; a list value -> true if any element passes (proc.aname semantics)."""
+
+    def pred(ev: Any) -> bool:
+        v = get(ev)
+        if v is None:
+            return False
+        if v.__class__ in SEQ:
+            # explicit loops here and below: measurably faster than any()/all() on hot paths
+            for x in v:  # noqa: SIM110
+                if x is not None and test(x):
+                    return True
+            return False
+        return test(v)
+
+    return pred
+
+
+_FIELD_CMP: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "contains": lambda a, b: to_text(b) in to_text(a),
+    "icontains": lambda a, b: to_text(b).lower() in to_text(a).lower(),
+    "startswith": lambda a, b: to_text(a).startswith(to_text(b)),
+    "endswith": lambda a, b: to_text(a).endswith(to_text(b)),
+}
+
+
+def field_to_field(
+    check: BinaryCheck, left: Getter, registry: FieldRegistry, ctx: ItemContext | None
+) -> Predicate:
+    assert isinstance(check.value, FieldValue)
+    cmp = _FIELD_CMP.get(check.op)
+    if cmp is None:
+        raise UnsupportedOperatorError(
+            f"operator '{check.op}' is not supported with a field on the right", ctx
+        )
+    right = make_getter(resolve_field(registry, check.value.field, ctx))
+
+    def pred(ev: Any) -> bool:
+        a = left(ev)
+        if a is None:
+            return False
+        b = right(ev)
+        if b is None:
+            return False
+        try:
+            return bool(cmp(a, b))
+        except TypeError:
+            return False
+
+    return pred

@@ -115,6 +115,11 @@ class Containerd:
     def socket(self) -> str:
         return self._conn.socket
 
+    @property
+    def connection(self) -> Connection:
+        """The gRPC services, for sandbox modules beside this one (snapshots)."""
+        return self._conn
+
     async def close(self) -> None:
         await self._conn.close()
 

@@ -1,0 +1,280 @@
+"""Snapshots: a sandbox's writable layer committed as a new image on top of its image.
+
+The Diff service compares the image's top snapshot (a read-only view) with the
+sandbox's active snapshot and writes the changes as an uncompressed OCI layer
+tar into the content store, whiteouts included (containerd's walking differ
+mounts the live overlay read-only, so the sandbox keeps running; it is paused
+for the diff so that the layer is one consistent moment). The layer is then
+stacked on the image's manifest and config, written as new blobs with the
+garbage-collection references `sandbox.images` uses, unpacked once (so every
+sandbox started from it finds the snapshot chain ready) and tagged.
+
+`copy_image` moves an image between two containerd daemons of one machine
+(the local multi-node rig without a registry): blobs are streamed from one
+content store into the other, then unpacked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+
+from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
+from sandbox._gen.containerd.api.services.content.v1 import content_pb2
+from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
+from sandbox._gen.containerd.api.services.images.v1 import images_pb2
+from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
+from sandbox.connection import Connection
+from sandbox.errors import SandboxError, SandboxNotFound
+from sandbox.grpc_errors import is_not_found, map_grpc_error
+from sandbox.images import CHAIN_ID_LABEL, ImageStore, _gc_labels, chain_ids, resolve_image_name
+from sandbox.models import ImageInfo
+from sandbox.oci_archive import MEDIA_MANIFEST
+
+MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+SNAPSHOT_REPO = "corral/snapshots"
+PARENT_EPISODE_LABEL = "corral.snapshot.parent_episode"
+BASE_IMAGE_LABEL = "corral.snapshot.base_image"
+SANDBOX_LABEL = "corral.snapshot.sandbox"
+NODE_LABEL = "corral.snapshot.node"
+_REPO_CHARS = re.compile(r"[^a-z0-9]+")
+_TAG_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def snapshot_ref(episode_id: str, name: str) -> str:
+    """`corral/snapshots/<episode>:<name>` with both parts made valid reference text.
+
+    Repository components are lowercase alphanumerics joined by single
+    separators; tags are at most 128 word characters, dots and dashes.
+    """
+    repo = _REPO_CHARS.sub("-", episode_id.lower()).strip("-") or "episode"
+    tag = _TAG_CHARS.sub("-", name).lstrip(".-")[:128] or "latest"
+    return f"{SNAPSHOT_REPO}/{repo}:{tag}"
+
+
+def is_snapshot_ref(image: str) -> bool:
+    return f"/{SNAPSHOT_REPO}/" in "/" + resolve_image_name(image).split("/", 1)[1]
+
+
+async def commit_sandbox(
+    conn: Connection, images: ImageStore, sandbox_id: str, ref: str, labels: dict[str, str]
+) -> ImageInfo:
+    """Commit ``sandbox_id``'s writable layer as image ``ref`` (labels added to the image)."""
+    container = await _container(conn, sandbox_id)
+    base = await images.get(container.image)
+    manifest = await images._manifest_from_store(base)
+    config = await images._read_json(manifest["config"]["digest"])
+    async with conn.lease("snapshot") as lease:
+        layer = await _diff_sandbox(conn, sandbox_id, base.chain_id or "", lease)
+        new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
+        await images.unpack(new_manifest, chains, lease)
+        manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
+        all_labels = {**labels, BASE_IMAGE_LABEL: base.name, SANDBOX_LABEL: sandbox_id}
+        return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)
+
+
+async def _container(conn: Connection, sandbox_id: str) -> Any:
+    try:
+        resp = await conn.containers.Get(
+            containers_pb2.GetContainerRequest(id=sandbox_id), metadata=conn.md()
+        )
+    except grpc.aio.AioRpcError as err:
+        raise map_grpc_error(
+            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
+        ) from err
+    return resp.container
+
+
+async def _diff_sandbox(
+    conn: Connection, sandbox_id: str, parent_chain: str, lease: str
+) -> dict[str, Any]:
+    """The sandbox's changes over its image as a layer blob (descriptor dict)."""
+    view_key = f"snapshot-view-{uuid.uuid4().hex[:12]}"
+    md = conn.md(lease)
+    snaps, snapshotter = conn.snapshots, conn.snapshotter
+    try:
+        view = await snaps.View(
+            snapshots_pb2.ViewSnapshotRequest(
+                snapshotter=snapshotter, key=view_key, parent=parent_chain
+            ),
+            metadata=md,
+        )
+        upper = await snaps.Mounts(
+            snapshots_pb2.MountsRequest(snapshotter=snapshotter, key=sandbox_id), metadata=md
+        )
+        async with _paused(conn, sandbox_id):
+            resp = await conn.diff.Diff(
+                diff_pb2.DiffRequest(
+                    left=view.mounts,
+                    right=upper.mounts,
+                    media_type=MEDIA_LAYER_TAR,
+                    ref=f"corral-{view_key}",
+                ),
+                metadata=md,
+            )
+    except grpc.aio.AioRpcError as err:
+        raise map_grpc_error(
+            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
+        ) from err
+    finally:
+        await _remove_snapshot_quietly(conn, view_key)
+    return {"mediaType": resp.diff.media_type, "digest": resp.diff.digest, "size": resp.diff.size}
+
+
+class _paused:
+    """Freeze the sandbox for the block if it runs (a quarantined one is paused already)."""
+
+    def __init__(self, conn: Connection, sandbox_id: str) -> None:
+        self._conn, self._id, self._paused = conn, sandbox_id, False
+
+    async def __aenter__(self) -> None:
+        from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
+        from sandbox._gen.containerd.api.types.task import task_pb2
+
+        tasks, md = self._conn.tasks, self._conn.md()
+        try:
+            task = await tasks.Get(tasks_pb2.GetRequest(container_id=self._id), metadata=md)
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return  # no task (stopped): nothing writes
+            raise
+        if task.process.status == task_pb2.RUNNING:
+            await tasks.Pause(tasks_pb2.PauseTaskRequest(container_id=self._id), metadata=md)
+            self._paused = True
+
+    async def __aexit__(self, *exc: object) -> None:
+        from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
+
+        if self._paused:
+            await self._conn.tasks.Resume(
+                tasks_pb2.ResumeTaskRequest(container_id=self._id), metadata=self._conn.md()
+            )
+
+
+async def _stack_layer(
+    images: ImageStore,
+    manifest: dict[str, Any],
+    config: dict[str, Any],
+    layer: dict[str, Any],
+    lease: str,
+) -> tuple[dict[str, Any], list[str]]:
+    """The base manifest and config with ``layer`` on top; the config blob is written."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    new_config = dict(config)
+    # An uncompressed layer's digest is its diff id.
+    diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
+    new_config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+    new_config["created"] = now
+    new_config["history"] = [
+        *config.get("history", []),
+        {"created": now, "created_by": "corral snapshot"},
+    ]
+    config_desc = await _write_json(
+        images, new_config, {}, lease, media_type=manifest["config"]["mediaType"]
+    )
+    new_manifest = {
+        "schemaVersion": 2,
+        "mediaType": MEDIA_MANIFEST,
+        "config": config_desc,
+        "layers": [*manifest["layers"], layer],
+    }
+    return new_manifest, chain_ids(diff_ids)
+
+
+async def _write_json(
+    images: ImageStore,
+    blob: dict[str, Any],
+    labels: dict[str, str],
+    lease: str,
+    media_type: str = MEDIA_MANIFEST,
+) -> dict[str, Any]:
+    data = json.dumps(blob, separators=(",", ":")).encode()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+
+    async def one_chunk() -> AsyncIterator[bytes]:
+        yield data
+
+    await images._write_content(digest, len(data), one_chunk(), labels, lease)
+    return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+
+async def put_image(
+    conn: Connection, name: str, target: dict[str, Any], chain_id: str, labels: dict[str, str]
+) -> ImageInfo:
+    """Create or move image ``name`` to ``target`` (a manifest descriptor dict)."""
+    from sandbox.images import _descriptor, _image_info
+
+    image = images_pb2.Image(
+        name=name, target=_descriptor(target), labels={**labels, CHAIN_ID_LABEL: chain_id}
+    )
+    try:
+        resp = await conn.images.Create(
+            images_pb2.CreateImageRequest(image=image), metadata=conn.md()
+        )
+    except grpc.aio.AioRpcError as err:
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise map_grpc_error(err, f"image {name!r}") from err
+        resp = await conn.images.Update(
+            images_pb2.UpdateImageRequest(image=image), metadata=conn.md()
+        )
+    return _image_info(resp.image)
+
+
+async def _remove_snapshot_quietly(conn: Connection, key: str) -> None:
+    try:
+        await conn.snapshots.Remove(
+            snapshots_pb2.RemoveSnapshotRequest(snapshotter=conn.snapshotter, key=key),
+            metadata=conn.md(),
+        )
+    except grpc.aio.AioRpcError as err:
+        if not is_not_found(err):
+            raise map_grpc_error(err, f"remove snapshot view {key!r}") from err
+
+
+# -- between daemons ---------------------------------------------------------------
+async def copy_image(
+    src_conn: Connection, src: ImageStore, dst_conn: Connection, dst: ImageStore, name: str
+) -> ImageInfo:
+    """Copy image ``name`` (manifest, config, layers, labels) from ``src`` into ``dst``."""
+    info = await src.get(name)
+    manifest = await src._manifest_from_store(info)
+    config = await src._read_json(manifest["config"]["digest"])
+    async with dst_conn.lease("copy") as lease:
+        for desc in [manifest["config"], *manifest["layers"]]:
+            await _copy_blob(src_conn, dst, desc, {}, lease)
+        manifest_desc = await _write_json(
+            dst,
+            manifest,
+            _gc_labels(manifest),
+            lease,
+            media_type=manifest.get("mediaType", MEDIA_MANIFEST),
+        )
+        chains = chain_ids(config["rootfs"]["diff_ids"])
+        await dst.unpack(manifest, chains, lease)
+        return await put_image(dst_conn, info.name, manifest_desc, chains[-1], info.labels)
+
+
+async def _copy_blob(
+    src_conn: Connection, dst: ImageStore, desc: dict[str, Any], labels: dict[str, str], lease: str
+) -> None:
+    if await dst._has_content(desc["digest"]):
+        return
+
+    async def chunks() -> AsyncIterator[bytes]:
+        call = src_conn.content.Read(
+            content_pb2.ReadContentRequest(digest=desc["digest"]), metadata=src_conn.md()
+        )
+        async for resp in call:
+            yield resp.data
+
+    try:
+        await dst._write_content(desc["digest"], int(desc["size"]), chunks(), labels, lease)
+    except grpc.aio.AioRpcError as err:
+        raise SandboxError(f"copy blob {desc['digest']}: {err.details()}") from err

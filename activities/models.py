@@ -31,6 +31,10 @@ class Resources(_Spec):
     pids_limit: int = Field(default=256, ge=8, le=32768)
     nofile: int = Field(default=1024, ge=64, le=1_048_576)
     tmpfs_mb: int = Field(default=64, ge=1, le=65536)
+    # False: `cpu_cores` is a ceiling while a step runs, not a reservation (the
+    # sandbox's weight drops to the minimum between steps: sandbox/cgroups.py).
+    # True: full weight always, like a fixed reservation.
+    hard_cpu_quota: bool = False
 
 
 class EgressRule(_Spec):
@@ -91,7 +95,8 @@ class EpisodeSpec(_Spec):
     files: list[FileSpec] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
     reward: Step | None = None
-    interactive: bool = False
+    # None: interactive iff there are no steps (resolved below, so the workflow sees a bool).
+    interactive: bool | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
     tenant: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     labels: dict[str, str] = Field(default_factory=dict)
@@ -109,6 +114,14 @@ class EpisodeSpec(_Spec):
     @classmethod
     def _string_is_reward_step(cls, value: Any) -> Any:
         return {"cmd": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _no_steps_means_interactive(self) -> EpisodeSpec:
+        # An episode with nothing to run would end at once: users who start one
+        # mean to drive it themselves.
+        if self.interactive is None:
+            self.interactive = not self.steps
+        return self
 
 
 # --------------------------------------------------------------------------
@@ -274,6 +287,104 @@ class NodeLoad(BaseModel):
     def score(self) -> float:
         """Lower is better: a warm sandbox wins, then fewer sandboxes, then CPU load."""
         return self.sandboxes + self.load1 - (1000.0 if self.warm else 0.0)
+
+
+class NodeCapacity(BaseModel):
+    """What a node may hold: its budget. CPU is nominal (`cpu_cores` of the specs
+    it holds may add up to `overcommit` x `cores`); memory and pids are real."""
+
+    cores: float
+    memory_mb: int
+    pids: int
+    max_sandboxes: int
+    overcommit: float = 50.0
+
+
+class NodeUsage(BaseModel):
+    """What the node's live sandboxes have taken of its budget."""
+
+    sandboxes: int = 0
+    busy: int = 0  # sandboxes running a step right now
+    cpu_cores: float = 0.0
+    memory_mb: int = 0
+    pids: int = 0
+
+
+class NodeHeartbeat(BaseModel):
+    """A node's announcement, sent to the node registry every few seconds."""
+
+    name: str
+    task_queue: str
+    version: str
+    capacity: NodeCapacity
+    use: NodeUsage
+    images: list[str] = Field(default_factory=list)  # image refs the node holds
+    warm: dict[str, int] = Field(default_factory=dict)  # ready warm sandboxes per image
+    load1: float = 0.0
+    host: str = ""
+
+
+class TenantConfig(_Spec):
+    """One tenant's rules and quota (`tenants:` in temporal-dev.yaml; docs/tenants.md).
+
+    Rules (images, egress, lifetime, resource caps) reject a spec before anything
+    is made; quotas (None: unlimited) make episodes wait, or with
+    `on_quota: reject` fail at once, in the admission workflow."""
+
+    max_episodes: int | None = Field(default=None, ge=1)
+    cpu_cores: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, ge=16)
+    max_lifetime_s: float | None = Field(default=None, gt=0)
+    images: list[str] = Field(default_factory=lambda: ["*"])  # fnmatch globs
+    egress: list[str] | None = None  # CIDRs an allowlist may reach; None: any
+    weight: float = Field(default=1.0, gt=0)
+    on_quota: Literal["wait", "reject"] = "wait"
+    allow_no_user_namespace: bool = True
+
+    def has_quota(self) -> bool:
+        return any(q is not None for q in (self.max_episodes, self.cpu_cores, self.memory_mb))
+
+
+NodeState = Literal["ready", "draining", "lost"]
+
+
+class NodeInfo(BaseModel):
+    """One node as the registry knows it: its last heartbeat and its state."""
+
+    heartbeat: NodeHeartbeat
+    state: NodeState = "ready"
+    draining: bool = False
+    last_seen: datetime
+    joined: datetime
+
+    @property
+    def name(self) -> str:
+        return self.heartbeat.name
+
+
+class NodeRef(BaseModel):
+    name: str
+    by: str = ""
+
+
+class NodeLostInput(BaseModel):
+    node: str
+    reason: str
+
+
+class PlaceInput(BaseModel):
+    """What an episode needs of a node."""
+
+    image: str
+    cpu_cores: float
+    memory_mb: int
+    pids: int
+    exclude: list[str] = Field(default_factory=list)  # nodes lost under this episode
+
+
+class Placement(BaseModel):
+    node: str | None  # None: no node has room now; `reason` says why
+    reason: str = ""
 
 
 class LoadInput(BaseModel):

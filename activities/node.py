@@ -29,12 +29,15 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.capacity import committed, meminfo_mb, node_capacity, room_for
 from activities.models import (
     EpisodeSpec,
     ExecStepInput,
     FileContent,
     LoadInput,
+    NodeCapacity,
     NodeLoad,
+    NodeUsage,
     ProvisionInput,
     ProvisionResult,
     ProvisionSource,
@@ -53,6 +56,7 @@ from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
 from observability.tracing import span
 from sandbox import Containerd, SandboxSpec, network
+from sandbox.cgroups import CPU_MODE_LABEL, IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, SandboxError, SandboxNotFound
 
 T = TypeVar("T")
@@ -61,11 +65,19 @@ INTERRUPTED_EXIT_CODE = 255
 
 
 def sandbox_spec_for(spec: EpisodeSpec, labels: dict[str, str]) -> SandboxSpec:
-    """The episode's resources and environment as the sandbox layer's spec."""
+    """The episode's resources and environment as the sandbox layer's spec.
+
+    Elastic CPU: the sandbox starts at the minimal weight and gets its full
+    weight only while a step runs (`ElasticCpu.busy`), unless its spec asks
+    for a hard quota, which keeps the full weight and is labelled so."""
+    reserved = spec.resources.hard_cpu_quota
+    if reserved:
+        labels = {**labels, CPU_MODE_LABEL: "reserved"}
     try:
         return SandboxSpec(
             image=spec.image,
             cpu_cores=spec.resources.cpu_cores,
+            cpu_shares=busy_shares(spec.resources.cpu_cores) if reserved else IDLE_SHARES,
             memory_mb=spec.resources.memory_mb,
             pids_limit=spec.resources.pids_limit,
             nofile=spec.resources.nofile,
@@ -93,8 +105,14 @@ class NodeActivities:
         records: RecordWriter | None = None,
         metrics: Metrics | None = None,
         pool: WarmPool | None = None,
+        capacity: NodeCapacity | None = None,
     ) -> None:
         self.node = node
+        self.capacity = capacity or node_capacity()
+        self._cpu = ElasticCpu()
+        # This node's episode sandboxes and their CPU ceilings (the nominal CPU
+        # committed); filled from containerd on first use, then kept in step.
+        self._ceilings: dict[str, float] | None = None
         self._containerd = containerd
         self._state_dir = state_dir
         self._temporal = temporal
@@ -135,9 +153,15 @@ class NodeActivities:
                 sandbox_id, source = await self._pool.acquire(spec, input.labels), "warm"
             if sandbox_id is None:
                 sandbox_id, source = input.sandbox_id, "cold"
-                await _heartbeating(
-                    _mapped(self._containerd.create_sandbox(sandbox_id, spec, input.labels))
-                )
+                await self._reserve(sandbox_id, spec.cpu_cores)
+                try:
+                    await _heartbeating(
+                        _mapped(self._containerd.create_sandbox(sandbox_id, spec, input.labels))
+                    )
+                except BaseException:
+                    (await self._ledger()).pop(sandbox_id, None)
+                    raise
+            (await self._ledger())[sandbox_id] = spec.cpu_cores
             current.set_attribute("corral.sandbox_id", sandbox_id)
             current.set_attribute("corral.provision.source", source)
         seconds = time.monotonic() - started
@@ -153,6 +177,24 @@ class NodeActivities:
             created=existing is None,
             source=source,
         )
+
+    async def use(self) -> NodeUsage:
+        """What this node's sandboxes have taken of its budget (heartbeats carry it)."""
+        return committed(await self._ledger(), busy=self._cpu.busy_sandboxes())
+
+    async def _ledger(self) -> dict[str, float]:
+        """Live sandboxes -> CPU ceiling, read from containerd once per worker."""
+        if self._ceilings is None:
+            live = await _mapped(self._containerd.list_sandboxes())
+            self._ceilings = {info.id: ceiling_cores(info.id) or 0.0 for info in live}
+        return self._ceilings
+
+    async def _reserve(self, sandbox_id: str, cpu_cores: float) -> None:
+        """Take room for a new sandbox, or raise NodeFull naming the used-up budget."""
+        full = room_for(self.capacity, await self.use(), cpu_cores)
+        if full:
+            raise _app_error_from_message("NodeFull", f"node {self.node} is full: {full}")
+        (await self._ledger())[sandbox_id] = cpu_cores
 
     async def _owned_sandbox(self, derived_id: str, workflow_id: str) -> str | None:
         """The sandbox an earlier attempt of this provision made or claimed, if any."""
@@ -173,6 +215,7 @@ class NodeActivities:
                 _mapped(self._containerd.destroy_sandbox(input.sandbox_id))
             )
         shutil.rmtree(self._journal_dir(input.sandbox_id), ignore_errors=True)
+        (await self._ledger()).pop(input.sandbox_id, None)
         seconds = time.monotonic() - started
         if removed:
             self._sandbox_count = max(0, self._sandbox_count - 1)
@@ -222,9 +265,8 @@ class NodeActivities:
         step = input.step
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         started_at = datetime.now(UTC)
-        with span(
-            "corral.exec", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
-        ):
+        attrs = {"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
+        with span("corral.exec", **attrs), self._cpu.busy(sandbox.id, sandbox.labels):
             out = await _heartbeating(
                 _mapped(
                     sandbox.exec(
@@ -272,16 +314,18 @@ class NodeActivities:
     async def write_file(self, input: WriteFileInput) -> None:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         data = base64.b64decode(input.request.content_b64)
-        await _heartbeating(
-            _mapped(sandbox.write_file(input.request.path, data, input.request.mode))
-        )
+        with self._cpu.busy(sandbox.id, sandbox.labels):
+            await _heartbeating(
+                _mapped(sandbox.write_file(input.request.path, data, input.request.mode))
+            )
 
     @activity.defn(name="corral.read_file")
     async def read_file(self, input: ReadFileInput) -> FileContent:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
-        data = await _heartbeating(
-            _mapped(sandbox.read_file(input.request.path, input.request.max_bytes))
-        )
+        with self._cpu.busy(sandbox.id, sandbox.labels):
+            data = await _heartbeating(
+                _mapped(sandbox.read_file(input.request.path, input.request.max_bytes))
+            )
         return FileContent(
             path=input.request.path, content_b64=base64.b64encode(data).decode(), size=len(data)
         )
@@ -308,7 +352,8 @@ class NodeActivities:
         removed: list[str] = []
         now = datetime.now(UTC)
         for info in sandboxes:
-            activity.heartbeat(info.id)
+            with contextlib.suppress(RuntimeError):  # also run by the node worker at start
+                activity.heartbeat(info.id)
             workflow_id = info.labels.get("corral.workflow_id")
             created = _as_utc(info.created_at)
             young = created is not None and (now - created).total_seconds() < input.grace_s
@@ -463,8 +508,4 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _meminfo_available_mb() -> int:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) // 1024
-    return 0
+    return meminfo_mb("MemAvailable")

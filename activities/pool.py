@@ -22,6 +22,7 @@ import logging
 import secrets
 
 from sandbox import Containerd, SandboxSpec, resolve_image_name
+from sandbox.cgroups import IDLE_SHARES
 from sandbox.errors import CorralError
 
 log = logging.getLogger("corral.pool")
@@ -31,8 +32,8 @@ REFILL_BACKOFF_S = 5.0
 
 
 def pool_template(image: str) -> SandboxSpec:
-    """The shape of a pooled sandbox: the defaults, on `image`."""
-    return SandboxSpec(image=resolve_image_name(image))
+    """The shape of a pooled sandbox: the defaults (elastic CPU), on `image`."""
+    return SandboxSpec(image=resolve_image_name(image), cpu_shares=IDLE_SHARES)
 
 
 def servable(spec: SandboxSpec, template: SandboxSpec) -> bool:

@@ -45,6 +45,8 @@ class TemporalConfig(_Strict):
     tls_cert: str | None = None
     tls_key: str | None = None
     api_key: str | None = None
+    tls_ca: str | None = None  # a private CA for the frontend's certificate
+    tls_server_name: str | None = None  # when the address is not the certificate's name
     dev_server: DevServerConfig = Field(default_factory=DevServerConfig)
 
 
@@ -53,6 +55,10 @@ class NodesConfig(_Strict):
     containerd_namespace: str = "corral"
     snapshotter: str = "overlayfs"
     runtime: str = "io.containerd.runc.v2"
+    # Nodes joined by name (`corral node up --name N`) besides node-1..node-<count>.
+    extra: list[str] = Field(default_factory=list)
+    # Each node in its own network namespace (`corral up --isolated`).
+    isolated: bool = False
 
 
 class WorkersConfig(_Strict):
@@ -76,6 +82,10 @@ class IntakeConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = 8765
     token_env: str = "CORRAL_INTAKE_TOKEN"
+    url: str | None = None  # where sensors post (a remote node); default from host and port
+    tls_cert: str | None = None  # served when set (required beyond loopback)
+    tls_key: str | None = None
+    tls_ca: str | None = None  # what sensors trust for the intake's certificate
 
 
 class SensorConfig(_Strict):
@@ -109,7 +119,8 @@ class StackConfig(_Strict):
         return path.resolve()
 
     def node_names(self) -> list[str]:
-        return [f"node-{i}" for i in range(1, self.nodes.count + 1)]
+        numbered = [f"node-{i}" for i in range(1, self.nodes.count + 1)]
+        return numbered + [n for n in self.nodes.extra if n not in numbered]
 
     def node_dir(self, node: str) -> Path:
         return self.state / "nodes" / node
@@ -125,7 +136,8 @@ class StackConfig(_Strict):
 
         The workflow worker takes the first pair, node N the pair after N-1 others.
         """
-        index = 0 if node is None else self.node_names().index(node) + 1
+        names = self.node_names()
+        index = 0 if node is None else names.index(node) + 1 if node in names else len(names) + 1
         base = self.workers.metrics_port_base + 2 * index
         return base, base + 1
 
@@ -136,6 +148,14 @@ class StackConfig(_Strict):
     @property
     def traces_file(self) -> Path:
         return self.state / "traces.jsonl"
+
+    @property
+    def intake_url(self) -> str:
+        """Where sensors post alerts: https when the intake serves a certificate."""
+        if self.intake.url:
+            return self.intake.url
+        scheme = "https" if self.intake.tls_cert else "http"
+        return f"{scheme}://{self.intake.host}:{self.intake.port}/alerts"
 
     @property
     def intake_token_file(self) -> Path:
@@ -168,6 +188,8 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_TEMPORAL_TLS_CERT": ("temporal", "tls_cert"),
     "CORRAL_TEMPORAL_TLS_KEY": ("temporal", "tls_key"),
     "CORRAL_TEMPORAL_API_KEY": ("temporal", "api_key"),
+    "CORRAL_TEMPORAL_TLS_CA": ("temporal", "tls_ca"),
+    "CORRAL_TEMPORAL_TLS_SERVER_NAME": ("temporal", "tls_server_name"),
     "CORRAL_TEMPORAL_UI_PORT": ("temporal", "dev_server", "ui_port"),
     "CORRAL_TEMPORAL_METRICS_PORT": ("temporal", "dev_server", "metrics_port"),
     "CORRAL_METRICS_PORT_BASE": ("workers", "metrics_port_base"),
@@ -175,6 +197,11 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_WARM_POOL": ("workers", "warm_pool"),
     "CORRAL_NODES": ("nodes", "count"),
     "CORRAL_INTAKE_PORT": ("intake", "port"),
+    "CORRAL_INTAKE_HOST": ("intake", "host"),
+    "CORRAL_INTAKE_URL": ("intake", "url"),
+    "CORRAL_INTAKE_TLS_CERT": ("intake", "tls_cert"),
+    "CORRAL_INTAKE_TLS_KEY": ("intake", "tls_key"),
+    "CORRAL_INTAKE_TLS_CA": ("intake", "tls_ca"),
     "CORRAL_TRACES": ("observability", "traces"),
     "CORRAL_OTLP_ENDPOINT": ("observability", "otlp_endpoint"),
 }
@@ -223,15 +250,35 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None) -> 
 
 
 def _with_running_node_count(config: StackConfig, env: dict[str, str] | None) -> StackConfig:
-    """`corral up --nodes N` records N; later commands talk to those N nodes."""
-    if "CORRAL_NODES" in (os.environ if env is None else env):
-        return config
+    """`corral up --nodes N` records N; later commands talk to those N nodes.
+
+    The stack file's `overrides` (written by `corral up --isolated` and
+    `corral node up`) say where the running stack really listens and which
+    nodes joined by name; they win over the file and the environment.
+    """
     stack_file = config.state / "stack.json"
     try:
-        count = int(json.loads(stack_file.read_text())["nodes"])
+        recorded = json.loads(stack_file.read_text())
+        count = int(recorded["nodes"])
     except (OSError, ValueError, KeyError, TypeError):
         return config
+    overrides = recorded.get("overrides") or {}
+    if overrides:
+        merged = _deep_merge(config.model_dump(), overrides)
+        config = StackConfig(root=config.root, **merged)
+    if "CORRAL_NODES" in (os.environ if env is None else env):
+        return config
     return config.model_copy(update={"nodes": config.nodes.model_copy(update={"count": count})})
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def describe_validation_error(exc: ValidationError) -> str:

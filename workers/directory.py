@@ -1,63 +1,60 @@
-"""Which episode owns a container: container id -> sandbox labels, across nodes.
+"""Which episode owns a container, without touching any node's containerd.
 
-Falco reports `container.id` as the first 12 hex digits of the container id;
-Corral's sandbox ids are 64 hex digits (see `workflows.episode.sandbox_id_for`),
-so a prefix match over each node's sandboxes finds the sandbox, and its
-`corral.workflow_id` label the episode. Answers are cached; a miss is asked
-again each time (a sandbox may be seconds old).
+The intake runs on the control plane, and nodes may be other hosts: it must
+not open their containerd sockets. Two sources, in order:
+
+1. the sensor's word: Corral's sensor resolves its own node's sandbox to the
+   episode from the container's labels and sends the workflow id along in
+   `output_fields` as ``container.label[corral.workflow_id]`` (Falco's own
+   field name for a container label, so a Falco rule that prints it works too);
+2. the `SandboxId` search attribute (Keyword, the full 64-hex id) that every
+   episode sets: Falco's `container.id` is the first 12 hex digits, so a
+   prefix match (``STARTS_WITH``) finds the episode; running ones first.
+
+Answers are cached; a miss is asked again each time (an episode may be
+seconds old and visibility lags).
 """
 
 from __future__ import annotations
 
-import contextlib
+import re
 
-from sandbox import Containerd
-from sandbox.errors import CorralError
-from workers.config import StackConfig
+from temporalio.client import Client
+
+WORKFLOW_ID_FIELD = "container.label[corral.workflow_id]"
+SANDBOX_ID_ATTRIBUTE = "SandboxId"
+_HEX = re.compile(r"^[0-9a-f]{12,64}$")
+_CACHE_MAX = 50_000
 
 
-class SandboxDirectory:
-    def __init__(self, config: StackConfig, nodes: list[str] | None = None) -> None:
-        self._config = config
-        self._nodes = nodes or config.node_names()
-        self._clients: dict[str, Containerd] = {}
-        self._labels: dict[str, dict[str, str]] = {}
+class EpisodeDirectory:
+    """Container id -> episode workflow id, through Temporal visibility."""
 
-    async def _client(self, node: str) -> Containerd:
-        if node not in self._clients:
-            self._clients[node] = await Containerd.connect(
-                str(self._config.containerd_socket(node)),
-                namespace=self._config.nodes.containerd_namespace,
-            )
-        return self._clients[node]
-
-    async def labels_for(self, container_id: str) -> dict[str, str] | None:
-        """The labels of the sandbox whose id starts with `container_id`, or None."""
-        if container_id in self._labels:
-            return self._labels[container_id]
-        for node in self._nodes:
-            with contextlib.suppress(CorralError):
-                client = await self._client(node)
-                for info in await client.list_sandboxes({"corral.sandbox": "1"}):
-                    if info.id.startswith(container_id):
-                        labels = {
-                            **info.labels,
-                            "corral.full_id": info.id,
-                            "corral.image": info.image,
-                        }
-                        if "corral.workflow_id" in labels:  # warm ones change owner
-                            self._labels[container_id] = labels
-                        return labels
-        return None
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._owners: dict[str, str] = {}
 
     async def workflow_for(self, container_id: str) -> str | None:
-        labels = await self.labels_for(container_id)
-        return labels.get("corral.workflow_id") if labels else None
+        """The episode whose `SandboxId` starts with `container_id`, or None."""
+        if container_id in self._owners:
+            return self._owners[container_id]
+        if not _HEX.match(container_id):
+            return None  # never put untrusted text into a visibility query
+        owner = await self._search(container_id)
+        if owner is not None:
+            if len(self._owners) >= _CACHE_MAX:
+                self._owners.clear()
+            self._owners[container_id] = owner
+        return owner
+
+    async def _search(self, container_id: str) -> str | None:
+        query = f'{SANDBOX_ID_ATTRIBUTE} STARTS_WITH "{container_id}"'
+        closed: str | None = None
+        async for wf in self._client.list_workflows(query, limit=10):
+            if wf.status is not None and wf.status.name == "RUNNING":
+                return wf.id
+            closed = closed or wf.id
+        return closed
 
     def forget(self, container_id: str) -> None:
-        self._labels.pop(container_id, None)
-
-    async def close(self) -> None:
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
+        self._owners.pop(container_id, None)

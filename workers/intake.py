@@ -22,6 +22,7 @@ import contextlib
 import hmac
 import logging
 import os
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -59,6 +60,9 @@ class IntakeSettings(BaseModel):
     dedup_ttl_s: float = Field(default=600.0, gt=0)
     dedup_max: int = Field(default=100_000, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)
+    # Served when set; an intake listening beyond loopback refuses to start without.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
 
 class DeliveryResult(BaseModel):
@@ -251,7 +255,7 @@ async def run_intake(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
+        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=_ssl(settings))
         await site.start()
         log.info("intake listening on %s", runner.addresses)
         if ready is not None:
@@ -261,14 +265,29 @@ async def run_intake(
         await runner.cleanup()
 
 
+def _ssl(settings: IntakeSettings) -> ssl.SSLContext | None:
+    """TLS beyond loopback: alerts and the token cross a network there."""
+    from workers.tls import is_loopback, server_context
+
+    if settings.tls_cert and settings.tls_key:
+        return server_context(settings.tls_cert, settings.tls_key)
+    if not is_loopback(settings.host):
+        raise IntakeConfigError(
+            f"intake listens on {settings.host}, beyond loopback: set intake.tls_cert "
+            "and intake.tls_key (CORRAL_INTAKE_TLS_CERT, CORRAL_INTAKE_TLS_KEY)"
+        )
+    return None
+
+
 # --- delivery to Temporal ----------------------------------------------------
 
 
 class TemporalDelivery:
     """Signals the episode workflow that owns the alert's container.
 
-    ``resolver`` maps a 12-hex container id to the workflow id (the workflow
-    engineer's lookup: container labels or a search attribute). Decisions of
+    The sensor names the episode in the alert (``WORKFLOW_ID_FIELD``); for
+    other senders (real Falco) ``resolver`` maps the 12-hex container id to the
+    workflow id (`workers.directory`: the SandboxId search attribute). Decisions of
     ``none`` are resolved (so an unknown container still answers 404) but not
     signalled.
     """
@@ -278,7 +297,11 @@ class TemporalDelivery:
         self._resolve = resolver
 
     async def __call__(self, alert: Alert, decision: Decision) -> DeliveryResult:
-        workflow_id = await self._resolve(alert.container_id)
+        from workers.directory import WORKFLOW_ID_FIELD
+
+        named = alert.output_fields.get(WORKFLOW_ID_FIELD)
+        workflow_id = named if isinstance(named, str) and named else None
+        workflow_id = workflow_id or await self._resolve(alert.container_id)
         if workflow_id is None:
             return DeliveryResult(status="unknown_sandbox")
         if decision.action == "none":
@@ -318,7 +341,7 @@ def load_token(token_env: str, token_file: Path | None = None) -> SecretStr:
 async def serve_from_config(config_path: Path | None = None) -> None:
     """The intake of the dev stack: settings from `temporal-dev.yaml`."""
     from workers.config import load_config
-    from workers.directory import SandboxDirectory
+    from workers.directory import EpisodeDirectory
     from workers.temporal import connect
 
     config = load_config(config_path)
@@ -327,13 +350,11 @@ async def serve_from_config(config_path: Path | None = None) -> None:
         port=config.intake.port,
         tokens=[load_token(config.intake.token_env, config.intake_token_file)],
         responses=config.resolve(config.sensor.responses),
+        tls_cert=config.resolve(config.intake.tls_cert) if config.intake.tls_cert else None,
+        tls_key=config.resolve(config.intake.tls_key) if config.intake.tls_key else None,
     )
-    directory = SandboxDirectory(config)
-    delivery = TemporalDelivery(await connect(config), directory.workflow_for)
-    try:
-        await run_intake(settings, delivery)
-    finally:
-        await directory.close()
+    client = await connect(config)
+    await run_intake(settings, TemporalDelivery(client, EpisodeDirectory(client).workflow_for))
 
 
 def main() -> None:

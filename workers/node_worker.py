@@ -3,7 +3,12 @@
     python -m workers.node_worker --node node-1
 
 It also watches containerd's event stream for OOM kills (counted in metrics)
-and flushes episode records to the analysis store.
+and flushes episode records to the analysis store, and heartbeats to the node
+registry (`workers/heartbeat.py`) once it serves.
+
+Before it polls for work it reaps: a node that crashed or was lost comes
+back with sandboxes whose episodes have ended meanwhile (the registry failed
+them), and nothing else would remove those before the janitor's next round.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import signal
 
 from temporalio.worker import Worker
 
+from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
@@ -23,6 +29,7 @@ from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from sandbox import Containerd
 from workers.config import StackConfig, load_config
+from workers.heartbeat import heartbeat_forever
 from workers.temporal import connect
 
 log = logging.getLogger("corral.node")
@@ -60,7 +67,9 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         pool=pool,
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
+    background: list[asyncio.Task[None]] = [oom_watch]
     try:
+        await reap_leftovers(node_activities)
         worker = Worker(
             client,
             task_queue=config.node_task_queue(node),
@@ -68,14 +77,30 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
             max_concurrent_activities=500,
         )
         async with worker:
+            beats = heartbeat_forever(client, config, node, node_activities, containerd, pool)
+            background.append(asyncio.create_task(beats))
             await stop.wait()
     finally:
         await pool.stop()  # warm sandboxes stay: the next worker adopts them
-        oom_watch.cancel()
+        for task in background:
+            task.cancel()
         records.close()
         await containerd.close()
         metrics.close()
         flush_tracing()
+
+
+async def reap_leftovers(node_activities: NodeActivities) -> None:
+    """Remove sandboxes of episodes that ended while this node was away.
+
+    No grace period: nothing provisions here before the worker polls, and
+    sandboxes of episodes still running are kept (the janitor reaps them
+    once they end).
+    """
+    result = await node_activities.reap_orphans(ReapInput(grace_s=0))
+    if result.removed:
+        log.warning("reaped %d leftover sandboxes on %s: %s", len(result.removed),
+                    node_activities.node, ", ".join(r[:12] for r in result.removed))  # fmt: skip
 
 
 def main() -> None:

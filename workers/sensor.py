@@ -33,6 +33,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 import time
 import uuid
 from collections import deque
@@ -49,6 +50,7 @@ from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
 from sandbox.errors import CorralError
 from workers.config import StackConfig, load_config
+from workers.directory import WORKFLOW_ID_FIELD
 
 log = logging.getLogger("corral.sensor.node")
 
@@ -67,6 +69,10 @@ def alert_body(match: Match, evt: Event, hostname: str) -> dict[str, Any]:
     if evt.container is not None:
         fields["container.id"] = evt.container.id
         fields["container.full_id"] = evt.container.full_id
+        # The intake finds the episode from this; it has no node's containerd.
+        owner = (evt.container.labels or {}).get("corral.workflow_id")
+        if owner:
+            fields[WORKFLOW_ID_FIELD] = owner
     fields.setdefault("proc.cmdline", evt.proc.cmdline)
     if not isinstance(fields.get("proc.pid"), int):
         fields["proc.pid"] = evt.proc.pid
@@ -133,8 +139,10 @@ class AlertPoster:
         attempts: int = 5,
         backoff_s: tuple[float, float] = (0.1, 2.0),
         timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        self._ssl = ssl_context  # https: verify the intake against the configured CA
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self._queue: deque[tuple[dict[str, Any], int]] = deque()
         self._queue_size = queue_size
@@ -200,7 +208,9 @@ class AlertPoster:
         rule, cid = body.get("rule"), body["output_fields"].get("container.id")
         for attempt in range(1, self._attempts + 1):
             try:
-                async with self._session.post(self.url, data=data, headers=self._headers) as resp:
+                async with self._session.post(
+                    self.url, data=data, headers=self._headers, ssl=self._ssl or True
+                ) as resp:
                     status = resp.status
                     text = await resp.text()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -392,7 +402,16 @@ def build_engine(config: StackConfig) -> RuleEngine:
 
 
 def intake_url(config: StackConfig) -> str:
-    return f"http://{config.intake.host}:{config.intake.port}/alerts"
+    return config.intake_url
+
+
+def intake_ssl(config: StackConfig) -> ssl.SSLContext | None:
+    from workers.tls import client_context
+
+    if not config.intake_url.startswith("https:"):
+        return None
+    ca = config.intake.tls_ca
+    return client_context(config.resolve(ca) if ca else None)
 
 
 async def run_node_sensor(
@@ -413,7 +432,7 @@ async def run_node_sensor(
     containers = NodeContainers(
         str(config.containerd_socket(node)), config.nodes.containerd_namespace
     )
-    poster = AlertPoster(intake_url(config), token)
+    poster = AlertPoster(intake_url(config), token, ssl_context=intake_ssl(config))
     sensor = Sensor(types, resolver=containers)
     pipeline = NodePipeline(
         engine, containers, poster,

@@ -24,16 +24,28 @@ class TemporalUnavailable(CorralError):
     """The Temporal frontend did not answer."""
 
 
-def _tls(config: StackConfig) -> TLSConfig | bool:
+def tls_config(config: StackConfig) -> TLSConfig | bool:
+    """The SDK's TLS settings: mTLS client pair, a private CA, a server name."""
     t = config.temporal
     if not t.tls:
         return False
-    if t.tls_cert and t.tls_key:
+    if bool(t.tls_cert) != bool(t.tls_key):
+        raise TemporalUnavailable("temporal.tls_cert and temporal.tls_key go together")
+    if not (t.tls_cert or t.tls_ca or t.tls_server_name):
+        return True  # the system's roots, as for Temporal Cloud with an API key
+    try:
         return TLSConfig(
-            client_cert=Path(t.tls_cert).read_bytes(),
-            client_private_key=Path(t.tls_key).read_bytes(),
+            client_cert=_read(t.tls_cert),
+            client_private_key=_read(t.tls_key),
+            server_root_ca_cert=_read(t.tls_ca),
+            domain=t.tls_server_name,
         )
-    return True
+    except OSError as err:
+        raise TemporalUnavailable(f"cannot read a Temporal TLS file: {err}") from err
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
 
 
 async def connect(config: StackConfig, *, runtime: Runtime | None = None) -> Client:
@@ -44,7 +56,7 @@ async def connect(config: StackConfig, *, runtime: Runtime | None = None) -> Cli
             namespace=t.namespace,
             data_converter=pydantic_data_converter,
             interceptors=[temporal_tracing_interceptor()],
-            tls=_tls(config),
+            tls=tls_config(config),
             api_key=t.api_key,
             runtime=runtime,
         )

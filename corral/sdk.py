@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,29 +27,46 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.client import (
     WorkflowExecutionStatus as Status,
 )
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError
+from temporalio.exceptions import (
+    ApplicationError,
+    CancelledError,
+    TerminatedError,
+    WorkflowAlreadyStartedError,
+)
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
 from corral.errors import (
+    CorralRPCError,
+    EpisodeAlreadyExists,
     EpisodeCancelled,
+    EpisodeEnded,
     EpisodeError,
     EpisodeFailed,
+    EpisodeFileNotFound,
     EpisodeKilled,
     EpisodeNotFound,
+    EpisodeQuarantined,
     EpisodeRejected,
+    EpisodeRequestFailed,
+    EpisodeRequestTimedOut,
     EpisodeTerminated,
     EpisodeTimedOut,
+    EpisodeWaitTimedOut,
     InvalidEpisodeSpec,
 )
 from observability.tracing import flush_tracing, setup_tracing
+from sandbox.errors import CorralError
 from workers.config import StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
 from workflows.episode import EpisodeWorkflow
@@ -69,6 +87,10 @@ _ERROR_TYPES: dict[str, type[EpisodeError]] = {
     "EpisodeKilled": EpisodeKilled,
     "EpisodeTimedOut": EpisodeTimedOut,
 }
+# The server fails an accepted Update with this type when the workflow closes first.
+_CLOSED_UNDER_UPDATE = frozenset({"AcceptedUpdateCompletedWorkflow"})
+# Update validators refuse with a plain ValueError ("episode is not interactive", ...).
+_REFUSALS = frozenset({"ValueError", "EpisodeRejected"})
 _STATE = SearchAttributeKey.for_keyword("EpisodeState")
 _TENANT = SearchAttributeKey.for_keyword("Tenant")
 _IMAGE = SearchAttributeKey.for_keyword("SandboxImage")
@@ -99,11 +121,27 @@ class EpisodeSummary:
 
 
 class Episode:
-    """A handle on one episode; cheap, holds nothing but the workflow handle."""
+    """A handle on one episode; cheap, holds nothing but the workflow handle.
+
+    `async with await corral.start_episode(spec) as episode:` finishes the
+    episode on a clean exit (runs its reward) and cancels it on an exception.
+    """
 
     def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
         self._handle = handle
         self.id = handle.id
+        self._result: EpisodeResult | None = None
+
+    async def __aenter__(self) -> Episode:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            await self.close()
+            return
+        # The body failed: the episode's result means nothing, free the sandbox now.
+        with contextlib.suppress(CorralError):
+            await self.cancel()
 
     async def exec(
         self,
@@ -114,7 +152,8 @@ class Episode:
         workdir: str | None = None,
         stdin: str | None = None,
     ) -> StepResult:
-        """Run one command in the sandbox and return its result (never raises on exit code)."""
+        """Run one command in the sandbox and return its result (never raises on exit
+        code; a step that runs out of time returns with `timed_out=True`)."""
         request = ExecRequest(
             cmd=cmd, timeout_s=timeout_s, env=env or {}, workdir=workdir, stdin=stdin
         )
@@ -129,6 +168,7 @@ class Episode:
         await self._update("write_file", request, None)
 
     async def read_file(self, path: str, *, max_bytes: int = 1_048_576) -> bytes:
+        """The file's bytes; `EpisodeFileNotFound` if it is not a file in the sandbox."""
         content: FileContent = await self._update(
             "read_file", ReadFileRequest(path=path, max_bytes=max_bytes), FileContent
         )
@@ -139,25 +179,40 @@ class Episode:
         await self._update("finish", None, None)
         return await self.result()
 
-    async def result(self) -> EpisodeResult:
-        """Wait for the end; raises the typed `EpisodeError` unless it completed."""
+    async def close(self) -> EpisodeResult:
+        """Finish the episode if it still takes requests, else wait for its end."""
+        if self._result is not None:
+            return self._result
         try:
-            result: EpisodeResult = await self._handle.result()
-            return result
+            return await self.finish()
+        except EpisodeQuarantined:
+            raise  # waiting would block until on-call acts
+        except EpisodeRejected:
+            # Not interactive (it ends by itself) or ended already: its result says how.
+            return await self.result()
+
+    async def result(self, *, timeout_s: float | None = None) -> EpisodeResult:
+        """Wait for the end; raises the typed `EpisodeError` unless it completed,
+        `EpisodeWaitTimedOut` if it still runs after `timeout_s`."""
+        try:
+            result: EpisodeResult = await asyncio.wait_for(self._handle.result(), timeout_s)
+        except TimeoutError as err:
+            raise EpisodeWaitTimedOut(
+                f"episode {self.id} still runs after {timeout_s:g} s"
+            ) from err
         except WorkflowFailureError as err:
-            raise _episode_error(err) from err
+            raise _episode_error(self.id, err) from err
         except RPCError as err:
             raise _rpc_error(self.id, err) from err
+        self._result = result
+        return result
 
     async def status(self) -> EpisodeStatus:
-        try:
-            status: EpisodeStatus = await self._handle.query(EpisodeWorkflow.status)
-            return status
-        except RPCError as err:
-            raise _rpc_error(self.id, err) from err
+        status: EpisodeStatus = await self._query(EpisodeWorkflow.status)
+        return status
 
     async def steps(self) -> list[StepResult]:
-        steps: list[StepResult] = await self._handle.query(EpisodeWorkflow.steps)
+        steps: list[StepResult] = await self._query(EpisodeWorkflow.steps)
         return steps
 
     async def kill(self, reason: str = "", by: str = "") -> None:
@@ -167,7 +222,18 @@ class Episode:
         await self._signal("release", OnCallRequest(reason=reason, by=by))
 
     async def cancel(self) -> None:
-        await self._handle.cancel()
+        try:
+            await self._handle.cancel()
+        except RPCError as err:
+            raise _rpc_error(self.id, err) from err
+
+    async def _query(self, query: Any) -> Any:
+        try:
+            return await self._handle.query(query)
+        except WorkflowQueryFailedError as err:
+            raise CorralRPCError(f"episode {self.id}: query failed: {err.message}") from err
+        except RPCError as err:
+            raise _rpc_error(self.id, err) from err
 
     async def _signal(self, name: str, arg: OnCallRequest) -> None:
         try:
@@ -180,28 +246,32 @@ class Episode:
             args = [] if arg is None else [arg]
             return await self._handle.execute_update(name, args=args, result_type=result_type)
         except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            message = getattr(cause, "message", None) or str(cause or err)
-            raise EpisodeRejected(f"episode {self.id} refused {name}: {message}") from err
+            cause = _innermost(err)
+            if isinstance(cause, ApplicationError) and cause.type in _CLOSED_UNDER_UPDATE:
+                raise await self._ended() from err
+            raise _update_error(self.id, name, cause) from err
         except RPCError as err:
             # The server answers NOT_FOUND for an Update to a closed workflow too:
             # that episode exists, it just takes no more requests.
-            closed = await self._closed_status() if err.status == RPCStatusCode.NOT_FOUND else None
-            if closed is not None:
-                raise EpisodeRejected(
-                    f"episode {self.id} refused {name}: episode is closed ({closed.lower()})"
-                ) from err
+            if err.status == RPCStatusCode.NOT_FOUND and await self._is_closed():
+                raise await self._ended() from err
             raise _rpc_error(self.id, err) from err
 
-    async def _closed_status(self) -> str | None:
-        """The closed workflow's status name, or None if it is running or unknown."""
+    async def _is_closed(self) -> bool:
         try:
             desc = await self._handle.describe()
         except RPCError:
-            return None
-        if desc.status is None or desc.status == Status.RUNNING:
-            return None
-        return desc.status.name
+            return False
+        return desc.status is not None and desc.status != Status.RUNNING
+
+    async def _ended(self) -> EpisodeEnded:
+        """How and why the (closed) episode ended, from its result."""
+        try:
+            result = await self.result()
+        except EpisodeError as err:
+            outcome = err.result.outcome if err.result is not None else err.outcome
+            return EpisodeEnded(self.id, outcome, str(err))
+        return EpisodeEnded(self.id, result.outcome, result.reason)
 
 
 class Corral:
@@ -250,11 +320,22 @@ class Corral:
                 f"node {node!r} is not one of {', '.join(self.config.node_names())}"
             )
         episode_id = episode_id or f"ep-{uuid.uuid4().hex[:16]}"
+        try:
+            handle = await self._start(spec, episode_id, node)
+        except WorkflowAlreadyStartedError as err:
+            raise EpisodeAlreadyExists(f"episode {episode_id!r} exists already") from err
+        except RPCError as err:
+            raise _rpc_error(episode_id, err) from err
+        return Episode(handle)
+
+    async def _start(
+        self, spec: EpisodeSpec, episode_id: str, node: str | None
+    ) -> WorkflowHandle[Any, Any]:
         steps = len(spec.steps)
         summary = f"{spec.image}: {steps} step{'s' * (steps != 1)}" + (
             ", interactive" if spec.interactive else ""
         )
-        handle = await self.client.start_workflow(
+        return await self.client.start_workflow(
             EpisodeWorkflow.run,
             self._input(spec, node),
             id=episode_id,
@@ -269,7 +350,6 @@ class Corral:
             static_summary=summary,
             static_details=f"tenant `{spec.tenant}`; labels {spec.labels or '{}'}",
         )
-        return Episode(handle)
 
     def episode(self, episode_id: str) -> Episode:
         return Episode(self.client.get_workflow_handle(episode_id))
@@ -333,44 +413,72 @@ class Corral:
         """Episodes from Temporal's visibility, newest first (a List Filter `query`)."""
         base = "WorkflowType = 'EpisodeWorkflow'"
         full = f"{base} AND ({query})" if query else base
-        rows: list[EpisodeSummary] = []
-        async for wf in self.client.list_workflows(full, limit=limit):
-            attrs = wf.typed_search_attributes
-            rows.append(
-                EpisodeSummary(
-                    episode_id=wf.id,
-                    status=wf.status.name if wf.status else "UNKNOWN",
-                    state=attrs.get(_STATE) or "",
-                    image=attrs.get(_IMAGE) or "",
-                    tenant=attrs.get(_TENANT) or "",
-                    node=attrs.get(SearchAttributeKey.for_keyword("SandboxNode")) or "",
-                    anomaly_rules=list(
-                        attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule")) or []
-                    ),
-                    start_time=wf.start_time,
-                    close_time=wf.close_time,
-                )
-            )
-        return rows
+        try:
+            return [_summary(wf) async for wf in self.client.list_workflows(full, limit=limit)]
+        except RPCError as err:
+            raise _temporal_error(f"list {query or 'all'!r}", err) from err
 
     async def is_running(self, episode_id: str) -> bool:
-        desc = await self.client.get_workflow_handle(episode_id).describe()
+        try:
+            desc = await self.client.get_workflow_handle(episode_id).describe()
+        except RPCError as err:
+            raise _rpc_error(episode_id, err) from err
         return desc.status == Status.RUNNING
 
 
-def _episode_error(err: WorkflowFailureError) -> EpisodeError:
+def _summary(wf: WorkflowExecution) -> EpisodeSummary:
+    attrs = wf.typed_search_attributes
+    return EpisodeSummary(
+        episode_id=wf.id,
+        status=wf.status.name if wf.status else "UNKNOWN",
+        state=attrs.get(_STATE) or "",
+        image=attrs.get(_IMAGE) or "",
+        tenant=attrs.get(_TENANT) or "",
+        node=attrs.get(SearchAttributeKey.for_keyword("SandboxNode")) or "",
+        anomaly_rules=list(attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule")) or []),
+        start_time=wf.start_time,
+        close_time=wf.close_time,
+    )
+
+
+def _episode_error(episode_id: str, err: WorkflowFailureError) -> EpisodeError:
     cause = err.cause
     if isinstance(cause, CancelledError):
-        return EpisodeCancelled(f"episode {err} was cancelled")
+        return EpisodeCancelled(f"episode {episode_id} was cancelled")
     if isinstance(cause, TerminatedError):
-        return EpisodeTerminated(f"episode was terminated: {cause.message}")
+        return EpisodeTerminated(f"episode {episode_id} was terminated: {cause.message}")
     if isinstance(cause, ApplicationError):
         result = _result_from_details(cause)
         kind = _ERROR_TYPES.get(cause.type or "", EpisodeFailed)
         if result is not None and result.outcome == "timed_out":
             kind = EpisodeTimedOut
         return kind(cause.message, result)
-    return EpisodeFailed(str(cause or err))
+    return EpisodeFailed(f"episode {episode_id} failed: {cause or err}")
+
+
+def _innermost(err: BaseException) -> BaseException:
+    """The root of a Temporal failure chain (update -> activity -> application)."""
+    while getattr(err, "cause", None) is not None:
+        err = err.cause  # type: ignore[attr-defined]
+    return err
+
+
+def _update_error(episode_id: str, name: str, cause: BaseException) -> CorralError:
+    """What a failed Update means to the trainer: a refusal, or the sandbox's cause."""
+    if isinstance(cause, TemporalTimeoutError):
+        return EpisodeRequestTimedOut(f"episode {episode_id} {name}: timed out", "Timeout")
+    if not isinstance(cause, ApplicationError):
+        return EpisodeRequestFailed(f"episode {episode_id} {name}: {cause}")
+    error_type = cause.type or ""
+    if error_type == "EpisodeEnded":
+        outcome, _, reason = cause.message.partition(" has ended: ")[2].partition(": ")
+        return EpisodeEnded(episode_id, outcome or "ended", reason)
+    if error_type == "EpisodeQuarantined":
+        return EpisodeQuarantined(cause.message)
+    if error_type in _REFUSALS:
+        return EpisodeRejected(f"episode {episode_id} refused {name}: {cause.message}")
+    kind = EpisodeFileNotFound if error_type == "FileNotFound" else EpisodeRequestFailed
+    return kind(cause.message, error_type)
 
 
 def _result_from_details(cause: ApplicationError) -> EpisodeResult | None:
@@ -382,10 +490,15 @@ def _result_from_details(cause: ApplicationError) -> EpisodeResult | None:
         return None
 
 
-def _rpc_error(episode_id: str, err: RPCError) -> Exception:
+def _rpc_error(episode_id: str, err: RPCError) -> CorralError:
     if err.status == RPCStatusCode.NOT_FOUND:
         return EpisodeNotFound(f"no episode {episode_id!r}")
-    return err
+    return _temporal_error(f"episode {episode_id}", err)
+
+
+def _temporal_error(what: str, err: RPCError) -> CorralRPCError:
+    status = err.status.name if err.status is not None else "error"
+    return CorralRPCError(f"{what}: Temporal said {status}: {err.message}", err)
 
 
 __all__ = ["Corral", "Episode", "EpisodeSummary", "parse_spec"]

@@ -67,3 +67,7 @@ class NetworkError(SandboxError):
 
 class ImageBuildError(SandboxError):
     """Building an image (debootstrap, apt, layer tarballs) failed; the message names the step."""
+
+
+class FileNotFound(SandboxError):
+    """`read_file` named a path that is not a regular file in the sandbox."""

@@ -19,8 +19,14 @@ from sandbox._gen.cgroups.stats.v1 import metrics_pb2 as cgroup_metrics_pb2
 from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
 from sandbox._gen.containerd.api.types.task import task_pb2
 from sandbox.connection import Connection
-from sandbox.errors import SandboxError, SandboxPaused
-from sandbox.exec_io import ExecPipes, OutputCallback, OutputCollector, kill_process_tree
+from sandbox.errors import FileNotFound, SandboxError, SandboxNotFound, SandboxPaused
+from sandbox.exec_io import (
+    ExecFiles,
+    ExecPipes,
+    OutputCallback,
+    OutputCollector,
+    kill_process_tree,
+)
 from sandbox.grpc_errors import is_not_found, map_grpc_error
 from sandbox.models import ExecResult, SandboxMetrics, SandboxStatus, parse_user
 from sandbox.network import NetworkAttachment
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
 PROCESS_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Process"
 DEFAULT_OUTPUT_LIMIT = 1_048_576
 DEFAULT_READ_LIMIT = 64 * 1024 * 1024
+_NO_SUCH_FILE = 2  # read_file's script exits 2 for a path that is not a file
 DRAIN_GRACE_S = 2.0  # how long to wait for output EOF after the process exited
 KILL_WAIT_S = 10.0
 SIGKILL = 9
@@ -138,13 +145,89 @@ class Sandbox:
             truncated=collector.truncated,
         )
 
-    async def _create_exec(self, exec_id: str, process: dict[str, Any], pipes: ExecPipes) -> None:
+    async def exec_durable(
+        self,
+        args: list[str],
+        *,
+        exec_id: str,
+        output_dir: Path,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+        output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> RawExecResult:
+        """Like exec_raw under a fixed ``exec_id``, with output in files under ``output_dir``.
+
+        The shim writes the output files, so if this process dies mid-exec,
+        the next one gets the exec's real output and exit code with
+        ``reattach_exec``. The exec is deleted only after its end is recorded.
+        """
+        _check_exec_args(args, user, timeout_s, output_limit_bytes)
+        process = exec_process(self._process, args, env=env, workdir=workdir, user=user)
+        files = ExecFiles.create(output_dir, stdin is not None)
+        try:
+            await self._create_exec(exec_id, process, files)
+            exit_code, timed_out = await self._start_and_wait(exec_id, files, stdin, timeout_s)
+        finally:
+            await files.close()
+        files.record_end(exit_code, timed_out)
+        await self._delete_exec(exec_id)  # the shim flushes the files first
+        return _durable_result(files, output_limit_bytes)
+
+    async def reattach_exec(
+        self, exec_id: str, output_dir: Path, *, timeout_s: float | None,
+        output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> RawExecResult | None:
+        """The result of an ``exec_durable`` an earlier process started; None if it never ran.
+
+        Waits for it if it still runs (killing it after ``timeout_s``).
+        Raises SandboxNotFound when the sandbox is gone, SandboxError when
+        the exec vanished before its exit code was recorded.
+        """
+        files = ExecFiles(output_dir)
+        if not files.started:
+            return None
+        if files.end() is None:
+            process = await self._exec_process(exec_id)
+            if process.status == task_pb2.CREATED:  # made, never started: run it afresh
+                await self._delete_exec(exec_id)
+                return None
+            wait = self._wait_for(exec_id)
+            try:
+                exit_code, timed_out = await self._exit_of(wait, exec_id, process.pid, timeout_s)
+            finally:
+                await _cancel(wait)
+            files.record_end(exit_code, timed_out)
+        await self._delete_exec(exec_id)
+        return _durable_result(files, output_limit_bytes)
+
+    async def _exec_process(self, exec_id: str) -> Any:
+        try:
+            resp = await self._conn.tasks.Get(
+                tasks_pb2.GetRequest(container_id=self.id, exec_id=exec_id),
+                metadata=self._conn.md(),
+            )
+        except grpc.aio.AioRpcError as err:
+            if not is_not_found(err):
+                raise map_grpc_error(err, f"exec {exec_id} in sandbox {self.id!r}") from err
+            if await self.status() == "stopped":
+                raise SandboxNotFound(f"sandbox {self.id!r} is gone (its task ended)") from err
+            raise SandboxError(
+                f"exec {exec_id} in sandbox {self.id!r} vanished before its exit was recorded"
+            ) from err
+        return resp.process
+
+    async def _create_exec(
+        self, exec_id: str, process: dict[str, Any], pipes: ExecPipes | ExecFiles
+    ) -> None:
         request = tasks_pb2.ExecProcessRequest(
             container_id=self.id,
             exec_id=exec_id,
             stdin=pipes.stdin_path,
-            stdout=str(pipes.stdout.path),
-            stderr=str(pipes.stderr.path),
+            stdout=pipes.stdout_path,
+            stderr=pipes.stderr_path,
             terminal=False,
             spec=any_pb2.Any(type_url=PROCESS_TYPE_URL, value=json.dumps(process).encode()),
         )
@@ -159,36 +242,41 @@ class Sandbox:
             return SandboxPaused(f"exec in sandbox {self.id!r}: sandbox is paused; resume it first")
         return mapped
 
-    async def _start_and_wait(self, exec_id: str, pipes: ExecPipes, stdin: bytes | None,
-                              timeout_s: float | None) -> tuple[int, bool]:
-        tasks, md = self._conn.tasks, self._conn.md()
+    async def _start_and_wait(self, exec_id: str, pipes: ExecPipes | ExecFiles,
+                              stdin: bytes | None, timeout_s: float | None) -> tuple[int, bool]:
         # Wait before Start, or a fast process's exit could be missed.
-        wait = asyncio.ensure_future(
-            tasks.Wait(tasks_pb2.WaitRequest(container_id=self.id, exec_id=exec_id), metadata=md)
-        )
+        wait = self._wait_for(exec_id)
         try:
             try:
-                started = await tasks.Start(
-                    tasks_pb2.StartRequest(container_id=self.id, exec_id=exec_id), metadata=md
+                started = await self._conn.tasks.Start(
+                    tasks_pb2.StartRequest(container_id=self.id, exec_id=exec_id),
+                    metadata=self._conn.md(),
                 )
             except grpc.aio.AioRpcError as err:
                 raise await self._exec_error(err) from err
             _raise_oom_score(started.pid)
             pipes.feed_stdin(stdin or b"", lambda: self._close_stdin(exec_id))
-            try:
-                done = await asyncio.wait_for(asyncio.shield(wait), timeout_s)
-                return done.exit_status, False
-            except TimeoutError:
-                await self._kill_exec(exec_id, started.pid)
-                with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
-                    done = await asyncio.wait_for(asyncio.shield(wait), KILL_WAIT_S)
-                    return (done.exit_status or 128 + SIGKILL), True
-                return 128 + SIGKILL, True
+            return await self._exit_of(wait, exec_id, started.pid, timeout_s)
         finally:
-            if not wait.done():
-                wait.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                    await wait
+            await _cancel(wait)
+
+    def _wait_for(self, exec_id: str) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(self._conn.tasks.Wait(
+            tasks_pb2.WaitRequest(container_id=self.id, exec_id=exec_id), metadata=self._conn.md()
+        ))
+
+    async def _exit_of(self, wait: asyncio.Future[Any], exec_id: str, pid: int,
+                       timeout_s: float | None) -> tuple[int, bool]:
+        """(exit code, timed out): the exec's end, killing it after ``timeout_s``."""
+        try:
+            done = await asyncio.wait_for(asyncio.shield(wait), timeout_s)
+            return done.exit_status, False
+        except TimeoutError:
+            await self._kill_exec(exec_id, pid)
+            with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+                done = await asyncio.wait_for(asyncio.shield(wait), KILL_WAIT_S)
+                return (done.exit_status or 128 + SIGKILL), True
+            return 128 + SIGKILL, True
 
     async def _close_stdin(self, exec_id: str) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
@@ -231,6 +319,8 @@ class Sandbox:
         """Run `script` with `path` as $1; its stdout, whole, or a one-line error."""
         result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path],
                                      output_limit_bytes=max_bytes)
+        if result.exit_code == _NO_SUCH_FILE and what == "read":
+            raise FileNotFound(f"no file {path!r} in sandbox {self.id!r}")
         if result.exit_code != 0:
             raise SandboxError(f"{what} {path!r} in sandbox {self.id!r}: {_first_line(result)}")
         if result.truncated:
@@ -326,6 +416,22 @@ class Sandbox:
             return await rpc(request, metadata=self._conn.md())
         except grpc.aio.AioRpcError as err:
             raise map_grpc_error(err, f"{action} sandbox {self.id!r}") from err
+
+
+async def _cancel(wait: asyncio.Future[Any]) -> None:
+    if not wait.done():
+        wait.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await wait
+
+
+def _durable_result(files: ExecFiles, output_limit_bytes: int) -> RawExecResult:
+    end = files.end()
+    assert end is not None, "recorded before"
+    exit_code, timed_out, duration_s = end
+    stdout, stderr, truncated = files.output(output_limit_bytes)
+    return RawExecResult(exit_code=exit_code, stdout=stdout, stderr=stderr,
+                         duration_s=duration_s, timed_out=timed_out, truncated=truncated)
 
 
 def _check_exec_args(args: list[str], user: str | None, timeout_s: float | None,

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -166,6 +168,14 @@ class ExecPipes:
     def stdin_path(self) -> str:
         return str(self.stdin.path) if self.stdin else ""
 
+    @property
+    def stdout_path(self) -> str:
+        return str(self.stdout.path)
+
+    @property
+    def stderr_path(self) -> str:
+        return str(self.stderr.path)
+
     def feed_stdin(self, data: bytes, then: Callable[[], Awaitable[None]]) -> None:
         """Send ``data`` in the background, then call ``then`` (which closes the shim's side).
 
@@ -208,6 +218,100 @@ class ExecPipes:
         self.stderr.close()
         await self.collector.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ExecFiles:
+    """An exec's stdout and stderr as regular files the shim appends to, and its end as a file.
+
+    The shim, not this process, holds the output: a worker that dies while
+    the exec runs loses nothing, and the next one finds the output and (once
+    recorded) the exit code here. The interface matches ExecPipes where the
+    sandbox drives an exec (paths, stdin, drain, close).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.stdin: StdinFifo | None = None
+        self._stdin_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def create(cls, directory: Path, with_stdin: bool) -> ExecFiles:
+        files = cls(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in ("stdout", "stderr", "stdin", "end.json"):
+            (directory / name).unlink(missing_ok=True)  # an attempt that never started
+        # The shim opens the files O_APPEND without O_CREAT: they must exist.
+        (directory / "stdout").touch(0o600)
+        (directory / "stderr").touch(0o600)
+        (directory / "started").write_text(str(time.time()))
+        if with_stdin:
+            files.stdin = StdinFifo(directory / "stdin")
+        return files
+
+    @property
+    def started(self) -> bool:
+        return (self.dir / "stdout").exists()
+
+    @property
+    def stdin_path(self) -> str:
+        return str(self.stdin.path) if self.stdin else ""
+
+    @property
+    def stdout_path(self) -> str:
+        return str(self.dir / "stdout")
+
+    @property
+    def stderr_path(self) -> str:
+        return str(self.dir / "stderr")
+
+    def feed_stdin(self, data: bytes, then: Callable[[], Awaitable[None]]) -> None:
+        if self.stdin is None:
+            return
+        stdin = self.stdin
+
+        async def send_then_close() -> None:
+            await stdin.send(data)
+            await then()
+
+        self._stdin_task = asyncio.ensure_future(send_then_close())
+
+    async def drain(self, grace_s: float) -> bool:
+        return True  # the shim flushes the files before DeleteProcess returns
+
+    async def close(self) -> None:
+        if self._stdin_task is not None and not self._stdin_task.done():
+            self._stdin_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await self._stdin_task
+        if self.stdin is not None:
+            self.stdin.close()
+            self.stdin.path.unlink(missing_ok=True)
+
+    def record_end(self, exit_code: int, timed_out: bool) -> None:
+        """Written before the exec is deleted: afterwards only this file knows the exit code."""
+        end = {"exit_code": exit_code, "timed_out": timed_out, "ended": time.time()}
+        tmp = self.dir / "end.json.tmp"
+        tmp.write_text(json.dumps(end))
+        tmp.replace(self.dir / "end.json")
+
+    def end(self) -> tuple[int, bool, float] | None:
+        """(exit code, timed out, seconds it ran), once recorded."""
+        try:
+            end = json.loads((self.dir / "end.json").read_text())
+            started = float((self.dir / "started").read_text())
+        except (OSError, ValueError):
+            return None
+        return int(end["exit_code"]), bool(end["timed_out"]), float(end["ended"]) - started
+
+    def output(self, limit: int) -> tuple[bytes, bytes, bool]:
+        """(stdout, stderr, truncated): at most ``limit`` bytes of both, stdout first."""
+        with open(self.dir / "stdout", "rb") as out:
+            stdout = out.read(limit + 1)
+        room = max(limit - len(stdout), 0)
+        with open(self.dir / "stderr", "rb") as err:
+            stderr = err.read(room + 1)
+        truncated = len(stdout) > limit or len(stderr) > room
+        return stdout[:limit], stderr[:room], truncated
 
 
 def kill_process_tree(root_pid: int) -> int:

@@ -24,8 +24,18 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput
 # Operators grouped as libsinsp groups them: what follows each group differs.
 NUM_OPS = ("<=", "<", ">=", ">")
 STR_OPS = (
-    "==", "=", "!=", "glob", "iglob", "contains", "icontains", "bcontains",
-    "startswith", "bstartswith", "endswith", "regex",
+    "==",
+    "=",
+    "!=",
+    "glob",
+    "iglob",
+    "contains",
+    "icontains",
+    "bcontains",
+    "startswith",
+    "bstartswith",
+    "endswith",
+    "regex",
 )
 LIST_OPS = ("in", "intersects", "pmatch")
 UNARY_OPS = ("exists",)

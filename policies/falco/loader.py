@@ -32,16 +32,37 @@ _MACRO_NAME = re.compile(r"[a-zA-Z]+[a-zA-Z0-9_]*")
 
 _RULE_APPENDABLE = ("condition", "output", "desc", "tags", "exceptions")
 _RULE_REPLACEABLE = (
-    "condition", "output", "desc", "priority", "tags", "exceptions", "enabled",
-    "warn_evttypes", "skip-if-unknown-filter",
+    "capture",
+    "capture_duration",
+    "condition",
+    "output",
+    "desc",
+    "priority",
+    "tags",
+    "exceptions",
+    "enabled",
+    "warn_evttypes",
+    "skip-if-unknown-filter",
 )
 _KNOWN_KEYS = {
     "list": {"list", "items", "append", "override"},
     "macro": {"macro", "condition", "append", "override"},
     "rule": {
-        "rule", "condition", "output", "desc", "priority", "tags", "enabled", "exceptions",
-        "source", "append", "override", "warn_evttypes", "skip-if-unknown-filter",
-        "capture", "capture_duration",
+        "rule",
+        "condition",
+        "output",
+        "desc",
+        "priority",
+        "tags",
+        "enabled",
+        "exceptions",
+        "source",
+        "append",
+        "override",
+        "warn_evttypes",
+        "skip-if-unknown-filter",
+        "capture",
+        "capture_duration",
     },
 }
 
@@ -65,12 +86,25 @@ class ItemContext:
         return f"{where}: {self.kind} '{self.name}'"
 
 
+# Falco's load result codes (falco_load_result.h): errors stop the load,
+# warnings are reported and the load goes on.
+YAML_PARSE = "LOAD_ERR_YAML_PARSE"
+YAML_VALIDATE = "LOAD_ERR_YAML_VALIDATE"
+COMPILE_CONDITION = "LOAD_ERR_COMPILE_CONDITION"
+COMPILE_OUTPUT = "LOAD_ERR_COMPILE_OUTPUT"
+VALIDATE = "LOAD_ERR_VALIDATE"
+FILE_READ = "LOAD_ERR_FILE_READ"
+
+
 class RuleLoadError(CorralError):
     """A rule file could not be loaded; the message names file, item and reason."""
 
-    def __init__(self, reason: str, ctx: ItemContext | None = None) -> None:
+    default_code = VALIDATE
+
+    def __init__(self, reason: str, ctx: ItemContext | None = None, code: str = "") -> None:
         self.reason = reason.replace("\n", " ")
         self.ctx = ctx
+        self.code = code or self.default_code
         super().__init__(f"{ctx.describe()}: {self.reason}" if ctx else self.reason)
 
     @property
@@ -81,9 +115,13 @@ class RuleLoadError(CorralError):
 class ConditionSyntaxError(RuleLoadError):
     """A condition (or an expanded macro) does not parse."""
 
+    default_code = COMPILE_CONDITION
+
 
 class UnknownFieldError(RuleLoadError):
     """A condition names a field the field registry does not know."""
+
+    default_code = COMPILE_CONDITION
 
     def __init__(self, field_name: str, ctx: ItemContext | None = None, detail: str = "") -> None:
         self.field = field_name
@@ -92,13 +130,36 @@ class UnknownFieldError(RuleLoadError):
 
 
 class UnsupportedOperatorError(RuleLoadError):
-    """An operator (or transformer) cannot be applied to that field."""
+    """Falco would accept this, but this engine cannot evaluate it."""
+
+    default_code = COMPILE_CONDITION
+
+
+class FieldTypeError(RuleLoadError):
+    """An operator, transformer, argument or value does not fit the field's type."""
+
+    default_code = COMPILE_CONDITION
+
+
+UNKNOWN_SOURCE = "LOAD_UNKNOWN_SOURCE"
+UNSAFE_NA_CHECK = "LOAD_UNSAFE_NA_CHECK"
+NO_EVTTYPE = "LOAD_NO_EVTTYPE"
+UNKNOWN_FILTER = "LOAD_UNKNOWN_FILTER"
+UNUSED_MACRO = "LOAD_UNUSED_MACRO"
+UNUSED_LIST = "LOAD_UNUSED_LIST"
+UNKNOWN_ITEM = "LOAD_UNKNOWN_ITEM"
+DEPRECATED_ITEM = "LOAD_DEPRECATED_ITEM"
+APPEND_NO_VALUES = "LOAD_APPEND_NO_VALUES"
+EXCEPTION_NAME_NOT_UNIQUE = "LOAD_EXCEPTION_NAME_NOT_UNIQUE"
+INVALID_MACRO_NAME = "LOAD_INVALID_MACRO_NAME"
+INVALID_LIST_NAME = "LOAD_INVALID_LIST_NAME"
 
 
 @dataclass(frozen=True, slots=True)
 class LoadWarning:
     message: str
     ctx: ItemContext | None = None
+    code: str = UNKNOWN_ITEM
 
     def __str__(self) -> str:
         return f"{self.ctx.describe()}: {self.message}" if self.ctx else self.message
@@ -180,6 +241,8 @@ class RuleInfo:
     exceptions: list[ExceptionInfo] = field(default_factory=list)
     warn_evttypes: bool = True
     skip_if_unknown_filter: bool = False
+    capture: bool = False
+    capture_duration: int = 0  # ms; 0: Falco's configured default
     index: int = 0
 
 
@@ -200,8 +263,28 @@ class LoadResult:
         self._next_index += 1
         return self._next_index
 
-    def warn(self, message: str, ctx: ItemContext | None = None) -> None:
-        self.warnings.append(LoadWarning(message, ctx))
+    def warn(self, message: str, ctx: ItemContext | None = None, code: str = UNKNOWN_ITEM) -> None:
+        self.warnings.append(LoadWarning(message, ctx, code))
+
+
+# --- engine version ---------------------------------------------------------
+
+# The rules-engine version this engine matches (the upstream rule files of
+# Falco 0.44 require 0.57.0); a file requiring a later one is refused.
+ENGINE_VERSION = (0, 57, 0)
+
+
+def parse_engine_version(text: str, ctx: ItemContext) -> tuple[int, int, int]:
+    """``required_engine_version``: a semver, or a legacy integer N meaning 0.N.0."""
+    if re.fullmatch(r"[0-9]+", text):
+        return (0, int(text), 0)
+    m = re.fullmatch(r"([0-9]+)\.([0-9]+)\.([0-9]+)(?:[-+][0-9A-Za-z.+-]*)?", text)
+    if m is None:
+        raise RuleLoadError(
+            f"unable to parse engine version '{text}' as a semver string", ctx, YAML_VALIDATE
+        )
+    major, minor, patch = (int(g) for g in m.groups())
+    return (major, minor, patch)
 
 
 # --- YAML -------------------------------------------------------------------
@@ -216,30 +299,55 @@ _StringLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 
+
+def _untagged(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> Any:
+    # yaml-cpp keeps a node's value whatever its tag (``!foo bar`` reads as
+    # ``bar``); PyYAML would refuse the unknown tag.
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+_StringLoader.add_multi_constructor("!", _untagged)
+_StringLoader.add_multi_constructor("tag:yaml.org,2002:", _untagged)
+
 _TRUE = {"true", "yes", "on", "y"}
 _FALSE = {"false", "no", "off", "n"}
 
 
 def _read_items(text: str, file: str) -> list[tuple[int, Any]]:
-    """The top-level sequence as (line, python value) pairs."""
+    """Every document's top-level sequence as (line, python value) pairs
+    (Falco reads all the documents of a file, in order)."""
     loader = _StringLoader(text)
+    items: list[tuple[int, Any]] = []
     try:
-        root = loader.get_single_node()
-        if root is None:
-            return []
-        if not isinstance(root, yaml.SequenceNode):
-            raise RuleLoadError(
-                "rules content must be a YAML sequence of items",
-                ItemContext(file, root.start_mark.line + 1, "file"),
-            )
-        return [(n.start_mark.line + 1, loader.construct_object(n, deep=True)) for n in root.value]
+        while loader.check_node():
+            root = loader.get_node()
+            if root is None or _is_empty(root):
+                continue
+            if not isinstance(root, yaml.SequenceNode):
+                raise RuleLoadError(
+                    "rules content must be a YAML sequence of items",
+                    ItemContext(file, root.start_mark.line + 1, "file"),
+                    YAML_VALIDATE,
+                )
+            items += [(n.start_mark.line + 1, loader.construct_object(n, True)) for n in root.value]
+        return items
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(e, "problem", None) or str(e)
-        raise RuleLoadError(f"invalid YAML: {problem}", ItemContext(file, line, "file")) from None
+        raise RuleLoadError(
+            f"invalid YAML: {problem}", ItemContext(file, line, "file"), YAML_PARSE
+        ) from None
     finally:
         loader.dispose()
+
+
+def _is_empty(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
 
 
 # --- value decoding ---------------------------------------------------------
@@ -247,13 +355,13 @@ def _read_items(text: str, file: str) -> list[tuple[int, Any]]:
 
 def _require(item: dict[str, Any], key: str, ctx: ItemContext) -> Any:
     if key not in item or item[key] is None:
-        raise RuleLoadError(f"missing required key '{key}'", ctx)
+        raise RuleLoadError(f"missing required key '{key}'", ctx, YAML_VALIDATE)
     return item[key]
 
 
 def _as_str(value: Any, key: str, ctx: ItemContext) -> str:
     if isinstance(value, (dict, list)):
-        raise RuleLoadError(f"'{key}' must be a string", ctx)
+        raise RuleLoadError(f"'{key}' must be a string", ctx, YAML_VALIDATE)
     return "" if value is None else str(value)
 
 
@@ -265,25 +373,34 @@ def _as_bool(value: Any, key: str, ctx: ItemContext) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise RuleLoadError(f"'{key}' must be true or false, not '{value}'", ctx)
+    raise RuleLoadError(f"'{key}' must be true or false, not '{value}'", ctx, YAML_VALIDATE)
 
 
 def _as_str_list(value: Any, key: str, ctx: ItemContext) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise RuleLoadError(f"'{key}' must be a sequence", ctx)
+        raise RuleLoadError(f"'{key}' must be a sequence", ctx, YAML_VALIDATE)
     for v in value:
         if isinstance(v, (dict, list)):
-            raise RuleLoadError(f"'{key}' entries must be strings", ctx)
+            raise RuleLoadError(f"'{key}' entries must be strings", ctx, YAML_VALIDATE)
     return ["" if v is None else str(v) for v in value]
+
+
+def _as_count(value: Any, key: str, ctx: ItemContext) -> int:
+    text = _as_str(value, key, ctx).strip()
+    if not text.isdigit():
+        raise RuleLoadError(
+            f"'{key}' must be an unsigned integer, not '{text}'", ctx, YAML_VALIDATE
+        )
+    return int(text)
 
 
 def _priority(value: Any, ctx: ItemContext) -> Priority:
     try:
         return Priority.parse(_as_str(value, "priority", ctx))
     except ValueError as e:
-        raise RuleLoadError(str(e), ctx) from None
+        raise RuleLoadError(str(e), ctx, YAML_VALIDATE) from None
 
 
 def _overrides(
@@ -293,7 +410,9 @@ def _overrides(
     if raw is None:
         return set(), set()
     if not isinstance(raw, dict):
-        raise RuleLoadError("'override' must be a mapping of key: append|replace", ctx)
+        raise RuleLoadError(
+            "'override' must be a mapping of key: append|replace", ctx, YAML_VALIDATE
+        )
     append, replace = set(), set()
     for key, how in raw.items():
         how = str(how).strip().lower()
@@ -311,19 +430,27 @@ def _overrides(
 # --- exceptions ---------------------------------------------------------------
 
 
-def _read_exceptions(raw: Any, ctx: ItemContext, appending: bool) -> list[ExceptionInfo]:
+_EXCEPTION_KEYS = {"name", "fields", "comps", "values"}
+
+
+def _read_exceptions(
+    raw: Any, ctx: ItemContext, appending: bool, res: LoadResult
+) -> list[ExceptionInfo]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise RuleLoadError("'exceptions' must be a sequence", ctx)
+        raise RuleLoadError("'exceptions' must be a sequence", ctx, YAML_VALIDATE)
     out: list[ExceptionInfo] = []
     for ex in raw:
         if not isinstance(ex, dict):
-            raise RuleLoadError("each exception must be a mapping", ctx)
+            raise RuleLoadError("each exception must be a mapping", ctx, YAML_VALIDATE)
         name = _as_str(_require(ex, "name", ctx), "name", ctx)
         ectx = ItemContext(ctx.file, ctx.line, ctx.kind, f"{ctx.name}' exception '{name}")
         if any(e.name == name for e in out):
-            raise RuleLoadError("exception names in the same rule must be unique", ectx)
+            res.warn("multiple exceptions have the same name", ectx, EXCEPTION_NAME_NOT_UNIQUE)
+        unknown = sorted(set(ex) - _EXCEPTION_KEYS)
+        if unknown:
+            res.warn(f"unknown exception keys {unknown}", ectx, UNKNOWN_ITEM)
         fields = _str_or_list(ex.get("fields"), "fields", ectx)
         comps = _str_or_list(ex.get("comps"), "comps", ectx)
         if fields is None and not appending:
@@ -332,7 +459,7 @@ def _read_exceptions(raw: Any, ctx: ItemContext, appending: bool) -> list[Except
         if values is None:
             values = []
         if not isinstance(values, list):
-            raise RuleLoadError("exception 'values' must be a sequence", ectx)
+            raise RuleLoadError("exception 'values' must be a sequence", ectx, YAML_VALIDATE)
         out.append(ExceptionInfo(name, fields, comps, values, ectx))
     return out
 
@@ -373,9 +500,7 @@ def validate_exception(ex: ExceptionInfo) -> None:
             )
         for value in ex.values:
             if isinstance(value, (list, dict)):
-                raise RuleLoadError(
-                    "expected values array to contain a list of strings", ex.ctx
-                )
+                raise RuleLoadError("expected values array to contain a list of strings", ex.ctx)
 
 
 # --- the collector ------------------------------------------------------------
@@ -395,11 +520,11 @@ class _Reader:
     def read_item(self, line: int, item: Any) -> None:
         ctx = ItemContext(self.file, line, "item")
         if not isinstance(item, dict):
-            raise RuleLoadError("each item must be a mapping (list, macro or rule)", ctx)
-        if "required_engine_version" in item:
-            self.res.required_engine_version = _as_str(
-                item["required_engine_version"], "required_engine_version", ctx
+            raise RuleLoadError(
+                "each item must be a mapping (list, macro or rule)", ctx, YAML_VALIDATE
             )
+        if "required_engine_version" in item:
+            self._engine_version(item["required_engine_version"], ctx)
         elif "required_plugin_versions" in item:
             self._plugin_versions(item["required_plugin_versions"], ctx)
         elif "list" in item:
@@ -421,6 +546,14 @@ class _Reader:
             self.res.warn(f"unknown keys {unknown}", ctx)
         return ctx
 
+    def _engine_version(self, raw: Any, ctx: ItemContext) -> None:
+        text = _as_str(raw, "required_engine_version", ctx).strip()
+        wanted = parse_engine_version(text, ctx)
+        if wanted > ENGINE_VERSION:
+            have = ".".join(map(str, ENGINE_VERSION))
+            raise RuleLoadError(f"rules require engine version {text}, but engine is {have}", ctx)
+        self.res.required_engine_version = text
+
     def _plugin_versions(self, raw: Any, ctx: ItemContext) -> None:
         if not isinstance(raw, list):
             raise RuleLoadError("required_plugin_versions must be a sequence", ctx)
@@ -432,7 +565,7 @@ class _Reader:
     def _legacy_append(self, item: dict[str, Any], ctx: ItemContext) -> bool:
         append = _as_bool(item.get("append", False), "append", ctx)
         if append:
-            self.res.warn("'append' is deprecated; use 'override'", ctx)
+            self.res.warn("'append' is deprecated; use 'override'", ctx, DEPRECATED_ITEM)
             if "override" in item:
                 raise RuleLoadError("'append' and 'override' cannot be used together", ctx)
         return append
@@ -442,7 +575,7 @@ class _Reader:
     def _list(self, item: dict[str, Any], line: int) -> None:
         ctx = self._ctx("list", item, line)
         if not _LIST_NAME.fullmatch(ctx.name):
-            raise RuleLoadError("invalid list name", ctx)
+            self.res.warn("invalid list name", ctx, INVALID_LIST_NAME)
         items = _as_str_list(_require(item, "items", ctx), "items", ctx)
         append = self._legacy_append(item, ctx)
         ov_append, _ = _overrides(item, ("items",), ("items",), ctx)
@@ -459,7 +592,7 @@ class _Reader:
     def _macro(self, item: dict[str, Any], line: int) -> None:
         ctx = self._ctx("macro", item, line)
         if not _MACRO_NAME.fullmatch(ctx.name):
-            raise RuleLoadError("invalid macro name: must be letters, digits and _", ctx)
+            self.res.warn("invalid macro name: use letters, digits and _", ctx, INVALID_MACRO_NAME)
         cond = _as_str(_require(item, "condition", ctx), "condition", ctx)
         append = self._legacy_append(item, ctx)
         ov_append, _ = _overrides(item, ("condition",), ("condition",), ctx)
@@ -509,17 +642,19 @@ class _Reader:
             source=_as_str(item.get("source") or SYSCALL_SOURCE, "source", ctx),
             tags=_as_str_list(item.get("tags"), "tags", ctx),
             enabled=_as_bool(item.get("enabled", True), "enabled", ctx),
-            exceptions=_read_exceptions(item.get("exceptions"), ctx, appending=False),
+            exceptions=_read_exceptions(item.get("exceptions"), ctx, False, self.res),
             warn_evttypes=_as_bool(item.get("warn_evttypes", True), "warn_evttypes", ctx),
             skip_if_unknown_filter=_as_bool(
                 item.get("skip-if-unknown-filter", False), "skip-if-unknown-filter", ctx
             ),
+            capture=_as_bool(item.get("capture", False), "capture", ctx),
+            capture_duration=_as_count(item.get("capture_duration", 0), "capture_duration", ctx),
         )
         prev = self.res.rules.get(ctx.name)
         if prev is not None and prev.source != rule.source:
             raise RuleLoadError("rule has been re-defined with a different source", ctx)
         if rule.source != SYSCALL_SOURCE:
-            self.res.warn(f"unknown source {rule.source}, skipping", ctx)
+            self.res.warn(f"unknown source {rule.source}, skipping", ctx, UNKNOWN_SOURCE)
         for ex in rule.exceptions:
             validate_exception(ex)
         self._define(self.res.rules, rule)
@@ -531,7 +666,7 @@ class _Reader:
                 "rule has only 'enabled' (or nothing) but no earlier rule has that name", ctx
             )
         prev.enabled = _as_bool(_require(item, "enabled", ctx), "enabled", ctx)
-        self.res.warn("toggling 'enabled' without 'override' is deprecated", ctx)
+        self.res.warn("toggling 'enabled' without 'override' is deprecated", ctx, DEPRECATED_ITEM)
 
     def _rule_legacy_append(self, item: dict[str, Any], ctx: ItemContext) -> None:
         prev = self._previous_rule(ctx, "appended to")
@@ -539,16 +674,17 @@ class _Reader:
             raise RuleLoadError("appended rule must have exceptions or condition property", ctx)
         if item.get("condition"):
             prev.condition = f"{prev.condition} {_as_str(item['condition'], 'condition', ctx)}"
-        self._append_exceptions(prev, _read_exceptions(item.get("exceptions"), ctx, True))
+        self._append_exceptions(prev, _read_exceptions(item.get("exceptions"), ctx, True, self.res))
 
     def _append_exceptions(self, prev: RuleInfo, new: list[ExceptionInfo]) -> None:
         for ex in new:
+            if not ex.values:
+                msg = "overriding/appending exception with no values"
+                self.res.warn(msg, ex.ctx, APPEND_NO_VALUES)
             old = next((e for e in prev.exceptions if e.name == ex.name), None)
             if old is None:
                 if ex.fields is None:
                     raise RuleLoadError("exception must have a 'fields' property", ex.ctx)
-                if not ex.values:
-                    raise RuleLoadError("exception must have a 'values' property", ex.ctx)
                 validate_exception(ex)
                 prev.exceptions.append(ex)
                 continue
@@ -593,7 +729,7 @@ class _Reader:
                 if tag not in prev.tags:
                     prev.tags.append(tag)
         if "exceptions" in keys:
-            self._append_exceptions(prev, _read_exceptions(item["exceptions"], ctx, True))
+            self._append_exceptions(prev, _read_exceptions(item["exceptions"], ctx, True, self.res))
 
     def _apply_replace(
         self, prev: RuleInfo, item: dict[str, Any], keys: set[str], ctx: ItemContext
@@ -616,8 +752,12 @@ class _Reader:
             prev.skip_if_unknown_filter = _as_bool(
                 item["skip-if-unknown-filter"], "skip-if-unknown-filter", ctx
             )
+        if "capture" in keys:
+            prev.capture = _as_bool(item["capture"], "capture", ctx)
+        if "capture_duration" in keys:
+            prev.capture_duration = _as_count(item["capture_duration"], "capture_duration", ctx)
         if "exceptions" in keys:
-            exceptions = _read_exceptions(item["exceptions"], ctx, appending=False)
+            exceptions = _read_exceptions(item["exceptions"], ctx, False, self.res)
             for ex in exceptions:
                 validate_exception(ex)
             prev.exceptions = exceptions

@@ -55,7 +55,9 @@ def test_macros_and_lists_feed_the_index() -> None:
 def test_engine_only_evaluates_relevant_rules() -> None:
     eng = engine(rule("Exec", "evt.type = execve") + rule("Any", "proc.name = x"))
     assert [m.rule for m in eng.evaluate({"evt.type": "execve", "proc.name": "x"})] == [
-        "Exec", "Any"]
+        "Exec",
+        "Any",
+    ]
     assert [m.rule for m in eng.evaluate({"evt.type": "open", "proc.name": "x"})] == ["Any"]
 
 

@@ -49,10 +49,17 @@ def test_plain_scalars_stay_strings() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("EMERGENCY", Priority.EMERGENCY), ("alert", Priority.ALERT), ("Critical", Priority.CRITICAL),
-     ("error", Priority.ERROR), ("WARNING", Priority.WARNING), ("notice", Priority.NOTICE),
-     ("INFO", Priority.INFORMATIONAL), ("informational", Priority.INFORMATIONAL),
-     ("debug", Priority.DEBUG)],
+    [
+        ("EMERGENCY", Priority.EMERGENCY),
+        ("alert", Priority.ALERT),
+        ("Critical", Priority.CRITICAL),
+        ("error", Priority.ERROR),
+        ("WARNING", Priority.WARNING),
+        ("notice", Priority.NOTICE),
+        ("INFO", Priority.INFORMATIONAL),
+        ("informational", Priority.INFORMATIONAL),
+        ("debug", Priority.DEBUG),
+    ],
 )
 def test_priorities(text: str, expected: Priority) -> None:
     assert load(rule("r", "evt.num = 1", priority=text)).rules["r"].priority is expected
@@ -115,8 +122,7 @@ def test_other_sources_are_unsupported_not_errors() -> None:
 def test_lists_reference_lists_and_quoted_items() -> None:
     eng = engine(
         "- list: a\n  items: [x, '\"two words\"']\n"
-        "- list: b\n  items: [a, y]\n"
-        + rule("r", "proc.name in (b, z)")
+        "- list: b\n  items: [a, y]\n" + rule("r", "proc.name in (b, z)")
     )
     for name in ("x", "two words", "y", "z"):
         assert eng.evaluate({"proc.name": name}), name
@@ -132,8 +138,7 @@ def test_list_defined_after_use_is_resolved() -> None:
 def test_macros_reference_macros_and_bare_identifiers() -> None:
     eng = engine(
         "- macro: m1\n  condition: proc.name = cat\n"
-        "- macro: m2\n  condition: m1 or proc.name = dog\n"
-        + rule("r", "m2 and not m1")
+        "- macro: m2\n  condition: m1 or proc.name = dog\n" + rule("r", "m2 and not m1")
     )
     assert eng.evaluate({"proc.name": "dog"})
     assert not eng.evaluate({"proc.name": "cat"})
@@ -181,24 +186,21 @@ EXC_RULE = rule("Write bin", "evt.type = open and fd.directory in (/bin, /usr/bi
 
 def test_tuple_exceptions_expand_like_falco() -> None:
     res = load(
-        EXC_RULE
-        + "  exceptions:\n"
+        EXC_RULE + "  exceptions:\n"
         "    - name: known\n      fields: [proc.name, fd.name]\n      comps: [=, startswith]\n"
         "      values:\n        - [apt, /usr/bin/apt]\n        - [my app, /bin/x]\n"
     )
     text = condition_with_exceptions(res.rules["Write bin"])
     assert text == (
         "(evt.type = open and fd.directory in (/bin, /usr/bin)) and not "
-        '((proc.name = apt and fd.name startswith /usr/bin/apt) or '
+        "((proc.name = apt and fd.name startswith /usr/bin/apt) or "
         '(proc.name = "my app" and fd.name startswith /bin/x))'
     )
 
 
 def test_exceptions_semantics_and_default_comps() -> None:
     eng = engine(
-        "- list: pkg\n  items: [dpkg, rpm]\n"
-        + EXC_RULE
-        + "  exceptions:\n"
+        "- list: pkg\n  items: [dpkg, rpm]\n" + EXC_RULE + "  exceptions:\n"
         "    - name: by_proc\n      fields: proc.name\n      values: [apt, pkg]\n"
         "    - name: pair\n      fields: [proc.name, fd.name]\n      comps: [=, in]\n"
         "      values:\n        - [cp, [/bin/a, /bin/b]]\n"
@@ -215,23 +217,34 @@ def test_exceptions_semantics_and_default_comps() -> None:
 
 def test_exception_validation_errors() -> None:
     with pytest.raises(RuleLoadError, match="comps must be one of"):
-        load(EXC_RULE + "  exceptions:\n    - name: e\n      fields: proc.name\n"
-             "      comps: '='\n      values: [a]\n")
+        load(
+            EXC_RULE + "  exceptions:\n    - name: e\n      fields: proc.name\n"
+            "      comps: '='\n      values: [a]\n"
+        )
     with pytest.raises(RuleLoadError, match="equal length"):
-        load(EXC_RULE + "  exceptions:\n    - name: e\n      fields: [proc.name, fd.name]\n"
-             "      values: [[a]]\n")
+        load(
+            EXC_RULE + "  exceptions:\n    - name: e\n      fields: [proc.name, fd.name]\n"
+            "      values: [[a]]\n"
+        )
     with pytest.raises(RuleLoadError, match="not a supported comparison operator"):
-        load(EXC_RULE + "  exceptions:\n    - name: e\n      fields: [proc.name]\n"
-             "      comps: [like]\n      values: [[a]]\n")
-    with pytest.raises(RuleLoadError, match="unique"):
-        load(EXC_RULE + "  exceptions:\n    - name: e\n      fields: proc.name\n"
-             "    - name: e\n      fields: proc.name\n")
+        load(
+            EXC_RULE + "  exceptions:\n    - name: e\n      fields: [proc.name]\n"
+            "      comps: [like]\n      values: [[a]]\n"
+        )
+    duplicate = load(
+        EXC_RULE + "  exceptions:\n    - name: e\n      fields: proc.name\n"
+        "    - name: e\n      fields: proc.name\n"
+    )
+    # Falco only warns about a repeated exception name.
+    assert [w.code for w in duplicate.warnings] == ["LOAD_EXCEPTION_NAME_NOT_UNIQUE"]
 
 
 def test_exception_with_unknown_field_names_rule() -> None:
     with pytest.raises(UnknownFieldError, match=r"rule 'Write bin'.*k8s\.pod\.name"):
-        ruleset(EXC_RULE + "  exceptions:\n    - name: e\n      fields: k8s.pod.name\n"
-                "      values: [a]\n")
+        ruleset(
+            EXC_RULE + "  exceptions:\n    - name: e\n      fields: k8s.pod.name\n"
+            "      values: [a]\n"
+        )
 
 
 def test_append_exception_values_via_override() -> None:
@@ -285,7 +298,13 @@ def test_override_replace_everything() -> None:
     )
     r = res.rules["Shell"]
     assert (r.condition, r.output, r.desc, r.priority, r.tags, r.enabled) == (
-        "proc.name = zsh", "new", "nd", Priority.CRITICAL, ["t"], False)
+        "proc.name = zsh",
+        "new",
+        "nd",
+        Priority.CRITICAL,
+        ["t"],
+        False,
+    )
 
 
 def test_override_list_and_macro() -> None:
@@ -320,8 +339,9 @@ def test_override_errors() -> None:
     with pytest.raises(RuleLoadError, match="not defined"):
         load(BASE, "- rule: Shell\n  override:\n    condition: append\n")
     with pytest.raises(RuleLoadError, match="unexpected key 'output'"):
-        load(BASE, "- rule: Shell\n  condition: x\n  output: y\n"
-             "  override:\n    condition: append\n")
+        load(
+            BASE, "- rule: Shell\n  condition: x\n  output: y\n  override:\n    condition: append\n"
+        )
     with pytest.raises(RuleLoadError, match="list appended to"):
         load("- list: nope\n  items: [a]\n  append: true\n")
     with pytest.raises(RuleLoadError, match="cannot be used together"):

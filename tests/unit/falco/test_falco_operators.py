@@ -111,11 +111,23 @@ def test_operator(condition: str, event: dict[str, Any], expected: bool) -> None
 
 
 NONE_OPS = [
-    "proc.name = x", "proc.name != x", "proc.name contains x", "proc.name icontains x",
-    "proc.name startswith x", "proc.name endswith x", "proc.name glob '*'",
-    "proc.name regex '.*'", "proc.name in (x, y)", "proc.name intersects (x)",
-    "proc.name pmatch (/)", "proc.name bcontains 78", "fd.num < 1", "fd.num >= 0",
-    "fd.num != 3", "evt.is_open_write = false", 'fd.sip != "1.2.3.4"',
+    "proc.name = x",
+    "proc.name != x",
+    "proc.name contains x",
+    "proc.name icontains x",
+    "proc.name startswith x",
+    "proc.name endswith x",
+    "proc.name glob '*'",
+    "proc.name regex '.*'",
+    "proc.name in (x, y)",
+    "proc.name intersects (x)",
+    "proc.name pmatch (/)",
+    "proc.name bcontains 78",
+    "fd.num < 1",
+    "fd.num >= 0",
+    "fd.num != 3",
+    "evt.is_open_write = false",
+    'fd.sip != "1.2.3.4"',
 ]
 
 

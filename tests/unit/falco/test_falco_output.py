@@ -33,20 +33,39 @@ def test_transformer_in_output() -> None:
 
 def test_match_carries_output_fields_and_always_fields() -> None:
     eng = engine(
-        rule("Shell", "evt.type = execve", output="'shell %proc.name by %user.uid'",
-             priority="NOTICE") + "  tags: [shell, container]\n"
+        rule(
+            "Shell",
+            "evt.type = execve",
+            output="'shell %proc.name by %user.uid'",
+            priority="NOTICE",
+        )
+        + "  tags: [shell, container]\n"
     )
-    ev = {"evt.type": "execve", "proc.name": "bash", "user.uid": 0, "container.id": "abc",
-          "proc.cmdline": "bash -i", "proc.pid": 42}
+    ev = {
+        "evt.type": "execve",
+        "proc.name": "bash",
+        "user.uid": 0,
+        "container.id": "abc",
+        "proc.cmdline": "bash -i",
+        "proc.pid": 42,
+    }
     [m] = eng.evaluate(ev)
     assert isinstance(m, Match)
     assert (m.rule, m.priority, m.priority_name, m.source) == (
-        "Shell", Priority.NOTICE, "Notice", "syscall")
+        "Shell",
+        Priority.NOTICE,
+        "Notice",
+        "syscall",
+    )
     assert m.tags == ("container", "shell")
     assert m.output == "shell bash by 0"
     assert m.output_fields == {
-        "proc.name": "bash", "user.uid": 0, "container.id": "abc",
-        "container.full_id": None, "proc.cmdline": "bash -i", "proc.pid": 42,
+        "proc.name": "bash",
+        "user.uid": 0,
+        "container.id": "abc",
+        "container.full_id": None,
+        "proc.cmdline": "bash -i",
+        "proc.pid": 42,
     }
 
 

@@ -65,10 +65,26 @@ def _container() -> ContainerInfo:
 
 def _shell_in_container() -> Event:
     parent = Process(pid=10, name="runc:[1:CHILD]", exe="runc", exepath="/usr/bin/runc")
-    proc = Process(pid=11, ppid=10, name="bash", exe="bash", exepath="/bin/bash", args=["-i"],
-                   tty=34816, uid=0, parent=parent, container_id=_container().full_id)
-    return Event(type="execve", proc=proc, container=_container(), res=0, num=1,
-                 user=UserInfo(uid=0, name="root"))
+    proc = Process(
+        pid=11,
+        ppid=10,
+        name="bash",
+        exe="bash",
+        exepath="/bin/bash",
+        args=["-i"],
+        tty=34816,
+        uid=0,
+        parent=parent,
+        container_id=_container().full_id,
+    )
+    return Event(
+        type="execve",
+        proc=proc,
+        container=_container(),
+        res=0,
+        num=1,
+        user=UserInfo(uid=0, name="root"),
+    )
 
 
 def test_terminal_shell_in_container(eng: RuleEngine) -> None:
@@ -89,12 +105,25 @@ def test_no_tty_no_alert(eng: RuleEngine) -> None:
 
 
 def _open(path: str, name: str, flags: int, typechar: str = "f") -> Event:
-    proc = Process(pid=20, name=name, exe=name, exepath=f"/usr/bin/{name}",
-                   parent=Process(pid=1, name="bash"), container_id=_container().full_id)
+    proc = Process(
+        pid=20,
+        name=name,
+        exe=name,
+        exepath=f"/usr/bin/{name}",
+        parent=Process(pid=1, name="bash"),
+        container_id=_container().full_id,
+    )
     fd = FdInfo(num=3, type="file", name=path, nameraw=path, flags=flags)
-    return Event(type="openat", proc=proc, fd=fd, container=_container(), res=3, num=2,
-                 args={"flags": flags, "name": path, "fd": 3},
-                 user=UserInfo(uid=0, name="root"))
+    return Event(
+        type="openat",
+        proc=proc,
+        fd=fd,
+        container=_container(),
+        res=3,
+        num=2,
+        args={"flags": flags, "name": path, "fd": 3},
+        user=UserInfo(uid=0, name="root"),
+    )
 
 
 def test_read_sensitive_file_untrusted(eng: RuleEngine) -> None:
@@ -102,7 +131,8 @@ def test_read_sensitive_file_untrusted(eng: RuleEngine) -> None:
     assert "Read sensitive file untrusted" in hit
     # a trusted reader listed upstream is excepted
     assert "Read sensitive file untrusted" not in {
-        m.rule for m in eng.evaluate(_open("/etc/shadow", "sshd", 0))}
+        m.rule for m in eng.evaluate(_open("/etc/shadow", "sshd", 0))
+    }
     assert not eng.evaluate(_open("/etc/hostname", "cat", 0))
 
 
@@ -138,10 +168,15 @@ def test_write_below_binary_dir_style(upstream: Path, reg: FieldRegistry) -> Non
         return {m.rule for m in eng.evaluate(ev)}
 
     assert "Write below binary dir" in rules(_open("/usr/bin/evil", "curl", o_wronly))
-    [m] = [m for m in eng.evaluate(_open("/usr/bin/evil", "curl", o_wronly))
-           if m.rule == "Write below binary dir"]
-    assert m.output == "File below a known binary directory opened for writing " \
+    [m] = [
+        m
+        for m in eng.evaluate(_open("/usr/bin/evil", "curl", o_wronly))
+        if m.rule == "Write below binary dir"
+    ]
+    assert (
+        m.output == "File below a known binary directory opened for writing "
         "(file=/usr/bin/evil proc=curl)"
+    )
     assert "Write below binary dir" not in rules(_open("/usr/bin/evil", "curl", 0))  # read
     assert "Write below binary dir" not in rules(_open("/usr/bin/x", "dpkg", o_wronly))
     assert "Write below binary dir" not in rules(_open("/usr/bin/installer-1", "installer", 1))

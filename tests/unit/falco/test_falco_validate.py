@@ -15,8 +15,10 @@ def test_statuses_and_reasons(tmp_path: Path) -> None:
     f.write_text(
         rule("Good", "evt.type = execve and proc.name = sh")
         + rule("Needs k8s", "evt.type = execve and k8s.pod.name = x")
-        + rule("Off", "evt.type = execve") + "  enabled: false\n"
-        + rule("Audit", "ka.verb = get") + "  source: k8s_audit\n"
+        + rule("Off", "evt.type = execve")
+        + "  enabled: false\n"
+        + rule("Audit", "ka.verb = get")
+        + "  source: k8s_audit\n"
         + rule("Broken", "evt.type = execve and undefined_macro")
     )
     report = validate_files([f], registry())

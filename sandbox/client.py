@@ -48,6 +48,7 @@ from sandbox.models import (
 )
 from sandbox.sandbox import KILL_WAIT_S, SIGKILL, STATUS_NAMES, Sandbox
 from sandbox.spec import DEFAULT_PATH, HOST_INIT, build_oci_spec
+from sandbox.transfer import Puller
 
 SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
 # Bare type url: Any.Pack would prefix "type.googleapis.com/", which containerd rejects.
@@ -69,6 +70,7 @@ class Containerd:
                  workspace_root: Path | None = None) -> None:
         self._conn = conn
         self.images = ImageStore(conn)
+        self.pulls = Puller(self.images, conn)  # registry images on first use
         self._id_locks = KeyedLocks()
         socket_dir = Path(conn.socket).resolve().parent
         # Node layout (workers.config): <node>/containerd/containerd.sock, <node>/network.

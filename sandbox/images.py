@@ -14,6 +14,7 @@ import hashlib
 import json
 import platform
 import tarfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
+from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
@@ -35,6 +37,8 @@ from sandbox.oci_archive import GOARCH, MEDIA_INDEX, NAME_ANNOTATION
 
 LOCAL_REGISTRY = "corral.local"
 CHAIN_ID_LABEL = "corral.chain_id"
+LAST_USED_LABEL = "corral.last_used"  # unix seconds; prune removes the oldest first
+TOUCH_EVERY_S = 60  # provisions within a minute of each other update the label once
 WRITE_CHUNK = 1024 * 1024
 JSON_BLOB_MAX = 4 * 1024 * 1024  # manifests and configs are small; layers are not parsed
 INDEX_TYPES = {MEDIA_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json"}
@@ -174,6 +178,84 @@ class ImageStore:
         except grpc.aio.AioRpcError as err:
             raise map_grpc_error(err, f"image {full!r}", not_found=ImageNotFound) from err
 
+    # -- use and prune ---------------------------------------------------------
+    async def touch(self, image: ImageInfo) -> None:
+        """Record that ``image`` was used now (at most once a minute: one RPC)."""
+        now = int(time.time())
+        if now - int(image.labels.get(LAST_USED_LABEL, "0") or 0) < TOUCH_EVERY_S:
+            return
+        await self._set_label(image.name, LAST_USED_LABEL, str(now))
+
+    async def _set_label(self, name: str, key: str, value: str) -> None:
+        try:
+            await self._conn.images.Update(
+                images_pb2.UpdateImageRequest(
+                    image=images_pb2.Image(name=name, labels={key: value}),
+                    update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{key}"]),
+                ),
+                metadata=self._md(),
+            )
+        except grpc.aio.AioRpcError as err:
+            raise map_grpc_error(err, f"image {name!r}", not_found=ImageNotFound) from err
+
+    async def prune(self, keep_bytes: int) -> builtins.list[ImageInfo]:
+        """Remove least-recently-used registry images until at most ``keep_bytes`` remain.
+
+        Images a container (live sandbox) uses are never removed, nor local
+        ones (``corral.local/...``), which no registry could give back.
+        """
+        in_use = await self._images_in_use()
+        sized = [(image, await self.image_bytes(image)) for image in await self.list()]
+        total = sum(size for _, size in sized)
+        candidates = sorted(
+            (
+                pair
+                for pair in sized
+                if pair[0].name not in in_use and not pair[0].name.startswith(f"{LOCAL_REGISTRY}/")
+            ),
+            key=lambda pair: int(pair[0].labels.get(LAST_USED_LABEL, "0") or 0),
+        )
+        removed = []
+        for image, size in candidates:
+            if total <= keep_bytes:
+                break
+            await self.remove(image.name)
+            removed.append(image)
+            total -= size
+        return removed
+
+    async def _images_in_use(self) -> set[str]:
+        try:
+            resp = await self._conn.containers.List(
+                containers_pb2.ListContainersRequest(), metadata=self._md()
+            )
+        except grpc.aio.AioRpcError as err:
+            raise map_grpc_error(err, "list containers") from err
+        return {container.image for container in resp.containers}
+
+    async def image_bytes(self, image: ImageInfo) -> int:
+        """Compressed size of the platform manifest's config and layers (shared layers count
+        once per image)."""
+        try:
+            manifest = await self._manifest_from_store(image)
+        except (grpc.aio.AioRpcError, ImageNotFound, ValueError):
+            return 0  # content already gone: nothing to win by removing it
+        return int(manifest["config"]["size"]) + sum(
+            int(layer["size"]) for layer in manifest["layers"]
+        )
+
+    def read_chunks(self, digest: str) -> AsyncIterator[bytes]:
+        """A blob of the content store, streamed."""
+        call = self._conn.content.Read(
+            content_pb2.ReadContentRequest(digest=digest), metadata=self._md()
+        )
+
+        async def gen() -> AsyncIterator[bytes]:
+            async for resp in call:
+                yield resp.data
+
+        return gen()
+
     # -- import --------------------------------------------------------------
     async def import_archive(self, path: Path) -> builtins.list[ImageInfo]:
         """Import every named manifest of the OCI archive at ``path`` and unpack it."""
@@ -190,8 +272,9 @@ class ImageStore:
                     config = archive.blob_json(manifest["config"]["digest"])
                     chains = chain_ids(config["rootfs"]["diff_ids"])
                     await self.unpack(manifest, chains, lease)
-                    imported.append(await self._put_image(resolve_image_name(name), entry,
-                                                          chains[-1]))
+                    imported.append(
+                        await self._put_image(resolve_image_name(name), entry, chains[-1])
+                    )
         except grpc.aio.AioRpcError as err:
             raise ImageImportFailed(str(map_grpc_error(err, f"import {path}"))) from err
         finally:
@@ -230,21 +313,35 @@ class ImageStore:
             raise
         return True
 
-    async def _write_content(self, digest: str, size: int, chunks: AsyncIterator[bytes],
-                             labels: dict[str, str], lease: str) -> None:
+    async def _write_content(
+        self,
+        digest: str,
+        size: int,
+        chunks: AsyncIterator[bytes],
+        labels: dict[str, str],
+        lease: str,
+    ) -> None:
         ref = f"corral-import-{digest}-{uuid.uuid4().hex[:8]}"
 
         async def requests() -> AsyncIterator[content_pb2.WriteContentRequest]:
             offset = 0
             async for chunk in chunks:
                 yield content_pb2.WriteContentRequest(
-                    action=content_pb2.WRITE, ref=ref, total=size, expected=digest,
-                    offset=offset, data=chunk,
+                    action=content_pb2.WRITE,
+                    ref=ref,
+                    total=size,
+                    expected=digest,
+                    offset=offset,
+                    data=chunk,
                 )
                 offset += len(chunk)
             yield content_pb2.WriteContentRequest(
-                action=content_pb2.COMMIT, ref=ref, total=size, expected=digest,
-                offset=offset, labels=labels,
+                action=content_pb2.COMMIT,
+                ref=ref,
+                total=size,
+                expected=digest,
+                offset=offset,
+                labels=labels,
             )
 
         call = self._conn.content.Write(requests(), metadata=self._md(lease))
@@ -256,9 +353,8 @@ class ImageStore:
                 raise
 
     async def _put_image(self, name: str, entry: dict[str, Any], chain_id: str) -> ImageInfo:
-        image = images_pb2.Image(
-            name=name, target=_descriptor(entry), labels={CHAIN_ID_LABEL: chain_id}
-        )
+        labels = {CHAIN_ID_LABEL: chain_id, LAST_USED_LABEL: str(int(time.time()))}
+        image = images_pb2.Image(name=name, target=_descriptor(entry), labels=labels)
         try:
             resp = await self._conn.images.Create(
                 images_pb2.CreateImageRequest(image=image), metadata=self._md()
@@ -293,8 +389,9 @@ class ImageStore:
             metadata=self._md(lease),
         )
 
-    async def _apply_layer(self, layer: dict[str, Any], chain: str, parent: str,
-                           lease: str) -> None:
+    async def _apply_layer(
+        self, layer: dict[str, Any], chain: str, parent: str, lease: str
+    ) -> None:
         snaps, snapshotter = self._conn.snapshots, self._conn.snapshotter
         key = f"extract-{uuid.uuid4().hex[:12]} {chain}"
         md = self._md(lease)
@@ -303,9 +400,10 @@ class ImageStore:
             metadata=md,
         )
         try:
-            await self._conn.diff.Apply(
+            applied = await self._conn.diff.Apply(
                 diff_pb2.ApplyRequest(diff=_descriptor(layer), mounts=prepared.mounts), metadata=md
             )
+            _check_chain(layer, parent, applied.applied.digest, chain)
             await snaps.Commit(
                 snapshots_pb2.CommitSnapshotRequest(snapshotter=snapshotter, name=chain, key=key),
                 metadata=md,
@@ -314,6 +412,9 @@ class ImageStore:
             await self._remove_snapshot(key)
             if err.code() != grpc.StatusCode.ALREADY_EXISTS:  # a concurrent unpack won
                 raise
+        except ImageImportFailed:
+            await self._remove_snapshot(key)
+            raise
 
     async def _has_snapshot(self, key: str) -> bool:
         try:
@@ -347,20 +448,23 @@ class ImageStore:
         return chains[-1]
 
     async def _read_json(self, digest: str) -> dict[str, Any]:
+        return json.loads(await self.read_bytes(digest))
+
+    async def read_bytes(self, digest: str) -> bytes:
         data = bytearray()
-        call = self._conn.content.Read(
-            content_pb2.ReadContentRequest(digest=digest), metadata=self._md()
-        )
-        async for resp in call:
-            data += resp.data
-        return json.loads(bytes(data))
+        async for chunk in self.read_chunks(digest):
+            data += chunk
+        return bytes(data)
 
     async def _manifest_from_store(self, image: ImageInfo) -> dict[str, Any]:
         blob = await self._read_json(image.digest)
         arch = GOARCH.get(platform.machine(), platform.machine())
         while "manifests" in blob:
-            children = [m for m in blob["manifests"]
-                        if m.get("platform", {}).get("architecture", arch) == arch]
+            children = [
+                m
+                for m in blob["manifests"]
+                if m.get("platform", {}).get("architecture", arch) == arch
+            ]
             if not children:
                 raise ImageNotFound(f"image {image.name!r}: no manifest for linux/{arch}")
             blob = await self._read_json(children[0]["digest"])
@@ -373,6 +477,16 @@ class ImageStore:
 
     def _md(self, lease: str | None = None) -> tuple[tuple[str, str], ...]:
         return self._conn.md(lease)
+
+
+def _check_chain(layer: dict[str, Any], parent: str, diff_id: str, chain: str) -> None:
+    """The unpacked layer must be the one the config's diff_ids promise."""
+    expected = chain_ids([parent, diff_id])[-1] if parent else diff_id
+    if expected != chain:
+        raise ImageImportFailed(
+            f"layer {layer['digest']}: unpacked content {diff_id} does not match the "
+            "image config's diff_ids"
+        )
 
 
 def _image_info(image: Any) -> ImageInfo:

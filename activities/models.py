@@ -85,6 +85,9 @@ class Timeouts(_Spec):
     idle_ttl_s: float = Field(default=600, gt=0)
     max_lifetime_s: float = Field(default=3600, gt=0)
     quarantine_s: float = Field(default=600, gt=0)
+    # Interactive episodes idle this long are snapshotted and their sandbox
+    # freed; the next request restores them first (docs/fork.md). None: never.
+    hibernate_after_s: float | None = Field(default=None, gt=0)
 
 
 class EpisodeSpec(_Spec):
@@ -102,6 +105,10 @@ class EpisodeSpec(_Spec):
     labels: dict[str, str] = Field(default_factory=dict)
     runtime: str = "runc"
     output_limit_bytes: int = Field(default=65536, ge=1024, le=16 * 1024 * 1024)
+    # A step lost with its sandbox or node may run again (once) when True.
+    idempotent_steps: bool = False
+    # Set by `Episode.fork`: the episode this one was forked from (lineage).
+    parent_episode: str | None = None
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -140,10 +147,13 @@ class StepResult(BaseModel):
     truncated: bool = False
     source: Literal["scripted", "interactive", "reward"] = "scripted"
     started_at: datetime | None = None
+    # Why the step has no real exit code (sandbox, containerd or node lost
+    # mid-step); exit_code is then INTERRUPTED_EXIT_CODE and means nothing.
+    interrupted: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.interrupted
 
     def summary(self) -> StepResult:
         """The same step without its output: what continue-as-new carries over."""
@@ -385,6 +395,35 @@ class PlaceInput(BaseModel):
 class Placement(BaseModel):
     node: str | None  # None: no node has room now; `reason` says why
     reason: str = ""
+
+
+class SnapshotRequest(BaseModel):
+    """The `snapshot` Update's input; the name defaults to one the episode picks."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+class SnapshotInput(BaseModel):
+    sandbox_id: str
+    ref: str
+    episode_id: str
+
+
+class SnapshotResult(BaseModel):
+    ref: str  # what EpisodeSpec.image takes
+    image: str  # the full image name on the node
+    node: str
+    sandbox_id: str
+    seconds: float = 0.0
+    layer_bytes: int = 0
+
+
+class FetchImageInput(BaseModel):
+    """Bring `image` to this node from `from_node` (same-machine rig) or the registry."""
+
+    image: str
+    from_node: str = ""
 
 
 class LoadInput(BaseModel):

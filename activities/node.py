@@ -58,6 +58,7 @@ from observability.tracing import span
 from sandbox import Containerd, SandboxSpec, network
 from sandbox.cgroups import CPU_MODE_LABEL, IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, SandboxError, SandboxNotFound
+from sandbox.registry import RegistryOptions
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
@@ -106,8 +107,10 @@ class NodeActivities:
         metrics: Metrics | None = None,
         pool: WarmPool | None = None,
         capacity: NodeCapacity | None = None,
+        registry: RegistryOptions | None = None,
     ) -> None:
         self.node = node
+        self._registry = registry or RegistryOptions.from_env()
         self.capacity = capacity or node_capacity()
         self._cpu = ElasticCpu()
         # This node's episode sandboxes and their CPU ceilings (the nominal CPU
@@ -153,6 +156,9 @@ class NodeActivities:
                 sandbox_id, source = await self._pool.acquire(spec, input.labels), "warm"
             if sandbox_id is None:
                 sandbox_id, source = input.sandbox_id, "cold"
+                # a registry image this node lacks is pulled now, once for all its episodes
+                pull = self._containerd.pulls.ensure(spec.image, self._registry)
+                await _heartbeating(_mapped(pull))
                 await self._reserve(sandbox_id, spec.cpu_cores)
                 try:
                     await _heartbeating(

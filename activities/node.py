@@ -110,7 +110,7 @@ class NodeActivities:
         registry: RegistryOptions | None = None,
     ) -> None:
         self.node = node
-        self._registry = registry or RegistryOptions.from_env()
+        self._registry = registry or RegistryOptions()
         self.capacity = capacity or node_capacity()
         self._cpu = ElasticCpu()
         # This node's episode sandboxes and their CPU ceilings (the nominal CPU

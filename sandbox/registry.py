@@ -19,7 +19,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,7 +46,6 @@ CONNECT_ATTEMPTS = 3  # a registry that is down fails the pull after these, neve
 RETRY_DELAY_S = 0.5
 USERNAME_ENV = "CORRAL_REGISTRY_USERNAME"
 PASSWORD_ENV = "CORRAL_REGISTRY_PASSWORD"
-INSECURE_ENV = "CORRAL_REGISTRY_INSECURE"
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
@@ -155,16 +153,6 @@ class RegistryOptions:
 
     insecure: tuple[str, ...] = DEFAULT_INSECURE
     credentials: Credentials | None = None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RegistryOptions:
-        """``CORRAL_REGISTRY_USERNAME``/``_PASSWORD`` and ``CORRAL_REGISTRY_INSECURE`` (a,b)."""
-        env = os.environ if env is None else env
-        insecure = tuple(h.strip() for h in env.get(INSECURE_ENV, "").split(",") if h.strip())
-        return cls(
-            insecure=insecure or DEFAULT_INSECURE,
-            credentials=credentials_from(env.get(USERNAME_ENV), env.get(PASSWORD_ENV)),
-        )
 
     def scheme(self, host: str) -> str:
         """http for the insecure hosts (with or without a port), https for the rest."""

@@ -17,6 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sandbox.errors import CorralError
+from sandbox.registry import (
+    DEFAULT_INSECURE,
+    PASSWORD_ENV,
+    USERNAME_ENV,
+    RegistryOptions,
+    credentials_from,
+)
 
 CONFIG_ENV = "CORRAL_CONFIG"
 DEFAULT_CONFIG_NAME = "temporal-dev.yaml"
@@ -100,6 +107,29 @@ class ObservabilityConfig(_Strict):
     records_dir: str = "records"
 
 
+class RegistryConfig(_Strict):
+    """Image registries (`corral image pull|push`, episodes whose image is `host/repo:tag`)."""
+
+    default: str | None = None  # host[:port] snapshots are shared through, if any
+    insecure: list[str] = Field(default_factory=lambda: list(DEFAULT_INSECURE))  # plain HTTP
+    username_env: str = USERNAME_ENV
+    password_env: str = PASSWORD_ENV
+
+    @field_validator("insecure", mode="before")
+    @classmethod
+    def _hosts_from_text(cls, value: Any) -> Any:
+        """`localhost,registry.lan:5000` (the CORRAL_REGISTRY_INSECURE form)."""
+        if isinstance(value, str):
+            return [host.strip() for host in value.split(",") if host.strip()]
+        return value
+
+    def options(self, env: dict[str, str] | None = None) -> RegistryOptions:
+        """Hosts and credentials (from the environment only: secrets stay out of the file)."""
+        source = os.environ if env is None else env
+        credentials = credentials_from(source.get(self.username_env), source.get(self.password_env))
+        return RegistryOptions(insecure=tuple(self.insecure), credentials=credentials)
+
+
 class StackConfig(_Strict):
     """The whole local stack; paths are resolved against `root`."""
 
@@ -111,6 +141,7 @@ class StackConfig(_Strict):
     intake: IntakeConfig = Field(default_factory=IntakeConfig)
     sensor: SensorConfig = Field(default_factory=SensorConfig)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
     # --- derived locations, all under the state directory -----------------
     @property
@@ -204,6 +235,8 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_INTAKE_TLS_CA": ("intake", "tls_ca"),
     "CORRAL_TRACES": ("observability", "traces"),
     "CORRAL_OTLP_ENDPOINT": ("observability", "otlp_endpoint"),
+    "CORRAL_REGISTRY": ("registry", "default"),
+    "CORRAL_REGISTRY_INSECURE": ("registry", "insecure"),
 }
 
 

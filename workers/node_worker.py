@@ -65,6 +65,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         records=records,
         metrics=metrics,
         pool=pool,
+        registry=config.registry.options(),
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]

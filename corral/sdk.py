@@ -302,7 +302,6 @@ class Corral:
     def _input(self, spec: EpisodeSpec, node: str | None) -> EpisodeInput:
         return EpisodeInput(
             spec=spec,
-            nodes=self.config.node_names(),
             node_task_queue_prefix=self.config.workers.node_task_queue_prefix,
             node=node,
         )

@@ -7,6 +7,14 @@ the busybox image on each node, the workflow worker, a node worker and a
 sensor per node, the alert intake, and the janitor schedule. Every process is
 detached with a pid file under `<state>/run/`, so `down` can stop exactly what
 `up` started, after removing every sandbox the stack still holds.
+
+Roles: `up(role="control")` starts only the control plane (Temporal unless
+`temporal.dev_server.enabled` is false, workflow worker, intake, janitor);
+`node_up(name)` starts one node (containerd, node worker, sensor) on this
+machine, `node_down` stops it, `node_kill` SIGKILLs all of it at once as a
+crash would. With `nodes.isolated` each node runs in its own network
+namespace (`workers/netns.py`) and the control plane listens on the rig's
+bridge address, the intake with a generated TLS certificate.
 """
 
 from __future__ import annotations
@@ -15,13 +23,15 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import os
 import secrets
+import signal
 import socket
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from temporalio.client import Client
@@ -31,11 +41,14 @@ from sandbox import BUSYBOX_IMAGE, Containerd, ContainerdDaemon, build_busybox_i
 from sandbox.daemon import unmount_under
 from sandbox.errors import CorralError, ImageNotFound
 from workers.config import StackConfig
-from workers.processes import ManagedProcess
+from workers.netns import Rig
+from workers.processes import ManagedProcess, pid_alive
 from workers.temporal import connect
 
 JANITOR_SCHEDULE_ID = "corral-janitor"
 SERVICE_START_TIMEOUT_S = 60.0
+Role = Literal["all", "control"]
+STACK_FILE = "stack.json"
 
 
 class StackError(CorralError):
@@ -65,6 +78,8 @@ class Stack:
         self.config = config
         self.run_dir = config.state / "run"
         self._client: Client | None = None
+        self._overrides: dict[str, dict[str, Any]] = {}
+        self._role: Role = "all"
 
     async def _temporal(self) -> Client:
         """One Temporal connection per Stack: `up` polls the queues several times a second."""
@@ -77,7 +92,27 @@ class Stack:
         return ManagedProcess(name, self.run_dir)
 
     def daemon(self, node: str) -> ContainerdDaemon:
-        return ContainerdDaemon(self.config.node_dir(node) / "containerd")
+        root = self.config.node_dir(node) / "containerd"
+        if not self.config.nodes.isolated:
+            return ContainerdDaemon(root)
+        return ContainerdDaemon(root, binary=str(self._netns_launcher(node, root)))
+
+    @property
+    def rig(self) -> Rig:
+        return Rig.for_state(self.config.state)
+
+    def _netns_launcher(self, node: str, root: Path) -> Path:
+        """ContainerdDaemon runs one binary: a script that enters the node's namespace."""
+        script = root / "containerd-in-netns.sh"
+        if not script.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            argv = " ".join(self.rig.enter(node, ["containerd"]))
+            script.write_text(f'#!/bin/sh\nexec {argv} "$@"\n')
+            script.chmod(0o755)
+        return script
+
+    def _node_argv(self, node: str, argv: list[str]) -> list[str]:
+        return self.rig.enter(node, argv) if self.config.nodes.isolated else argv
 
     def _python(self, module: str, *args: str) -> list[str]:
         return [sys.executable, "-m", module, *args]
@@ -91,28 +126,75 @@ class Stack:
         }
 
     # ------------------------------------------------------------------- up
-    async def up(self, progress: Any = None) -> StackStatus:
+    async def up(self, progress: Any = None, role: Role = "all") -> StackStatus:
         say = progress or (lambda _msg: None)
         self.config.state.mkdir(parents=True, exist_ok=True)
+        if self.config.nodes.isolated:
+            say("isolated rig network")
+            self._prepare_rig()
         self._write_stack_file()
         self._ensure_intake_token()
         if self.config.temporal.dev_server.enabled:
             say("temporal dev server")
             await self._start_temporal()
-        for node in self.config.node_names():
+        self._role = role
+        nodes = self.config.node_names() if role == "all" else []
+        for node in nodes:
             say(f"containerd on {node}")
+            if self.config.nodes.isolated:
+                self.rig.ensure_node(node)
             await self._start_containerd(node)
         say("workers")
-        self._start_workers()
-        await self._wait_for_workers()
+        self._start_control()
+        for node in nodes:
+            self._start_node_processes(node)
+        await self._wait_for_workers(nodes)
         say("janitor schedule")
         await self._ensure_janitor_schedule()
         return await self.status()
 
     def _write_stack_file(self) -> None:
-        (self.config.state / "stack.json").write_text(
-            json.dumps({"nodes": self.config.nodes.count})
+        path = self.config.state / STACK_FILE
+        with contextlib.suppress(OSError, ValueError):
+            recorded = json.loads(path.read_text())
+            self._overrides = {**recorded.get("overrides", {}), **self._overrides}
+        path.write_text(
+            json.dumps(
+                {"nodes": self.config.nodes.count, "role": self._role, "overrides": self._overrides}
+            )
         )
+
+    def local_nodes(self) -> list[str]:
+        """The nodes this machine runs: all of them, or (control role) those joined here."""
+        with contextlib.suppress(OSError, ValueError):
+            role = json.loads((self.config.state / STACK_FILE).read_text()).get("role", "all")
+            if role == "control":
+                return [n for n in self.config.node_names() if self.config.node_dir(n).exists()]
+        return self.config.node_names()
+
+    def _override(self, section: str, **values: Any) -> None:
+        """Change the config for this and every later process of the stack."""
+        self._overrides.setdefault(section, {}).update(values)
+        part = getattr(self.config, section).model_copy(update=values)
+        self.config = self.config.model_copy(update={section: part})
+
+    def _prepare_rig(self) -> None:
+        """The bridge, and the control plane's addresses and intake certificate on it."""
+        from workers.tls import make_dev_certificate
+
+        host = self.rig.ensure_bridge()
+        port = self.config.temporal.address.rsplit(":", 1)[1]
+        self._override("nodes", isolated=True)
+        self._override("temporal", address=f"{host}:{port}")
+        intake = self.config.intake
+        if not intake.tls_cert:
+            cert, key = (
+                self.config.state / "tls" / "intake.pem",
+                self.config.state / "tls" / "intake.key",
+            )
+            make_dev_certificate(cert, key, host)
+            self._override("intake", tls_cert=str(cert), tls_key=str(key), tls_ca=str(cert))
+        self._override("intake", host=host)
 
     def _ensure_intake_token(self) -> None:
         if self.config.intake_token():
@@ -175,24 +257,28 @@ class Stack:
             except ImageNotFound:
                 await build_busybox_image(client)
 
-    def _start_workers(self) -> None:
+    def _start_control(self) -> None:
         env = self._env()
         self.process("workflow-worker").start(self._python("workers.workflow_worker"), env=env)
-        for node in self.config.node_names():
-            self.process(f"node-worker-{node}").start(
-                self._python("workers.node_worker", "--node", node), env=env
-            )
-            sensor = self.process(f"sensor-{node}")
-            if self.config.sensor.enabled and not sensor.running():
-                self._sensor_ready_file(node).unlink(missing_ok=True)  # a stale one lies
-                sensor.start(self._python("workers.sensor", "--node", node), env=env)
         if _has_module("workers.intake"):
             self.process("intake").start(self._python("workers.intake"), env=env)
 
-    async def _wait_for_workers(self) -> None:
+    def _start_node_processes(self, node: str) -> None:
+        env = self._env()
+        self.process(f"node-worker-{node}").start(
+            self._node_argv(node, self._python("workers.node_worker", "--node", node)), env=env
+        )
+        sensor = self.process(f"sensor-{node}")
+        if self.config.sensor.enabled and not sensor.running():
+            self._sensor_ready_file(node).unlink(missing_ok=True)  # a stale one lies
+            sensor.start(
+                self._node_argv(node, self._python("workers.sensor", "--node", node)), env=env
+            )
+
+    async def _wait_for_workers(self, nodes: list[str]) -> None:
         """Workers are up when they poll their queues; a crash shows its log."""
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        names = self._worker_names()
+        names = self._worker_names(nodes)
         while time.monotonic() < deadline:
             dead = [n for n in names if not self.process(n).running()]
             if dead:
@@ -200,7 +286,11 @@ class Stack:
                 raise StackError(
                     f"{name} exited at start; last log lines:\n{self.process(name).log_tail(15)}"
                 )
-            if await self._queues_polled() and self._sensors_ready():
+            if (
+                await self._queues_polled(nodes)
+                and self._sensors_ready(nodes)
+                and await self._nodes_registered(nodes)
+            ):
                 return
             await asyncio.sleep(0.3)
         raise StackError(
@@ -211,13 +301,20 @@ class Stack:
         """Written by `workers.sensor` once bpftrace has attached its probes."""
         return self.run_dir / f"sensor-{node}.ready"
 
-    def _sensors_ready(self) -> bool:
+    def _sensors_ready(self, nodes: list[str]) -> bool:
         """Episodes started before the probes attach would go unwatched."""
         if not self.config.sensor.enabled:
             return True
-        return all(self._sensor_ready_file(n).exists() for n in self.config.node_names())
+        return all(self._sensor_ready_file(n).exists() for n in nodes)
 
-    async def _queues_polled(self) -> bool:
+    async def _nodes_registered(self, nodes: list[str]) -> bool:
+        """Placement reads the node registry: a node is usable once it is there."""
+        from workflows.nodes import list_nodes
+
+        known = {info.name for info in await list_nodes(await self._temporal())}
+        return known >= set(nodes)
+
+    async def _queues_polled(self, nodes: list[str]) -> bool:
         from temporalio.api.enums.v1 import TaskQueueType
         from temporalio.api.taskqueue.v1 import TaskQueue
         from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -225,8 +322,7 @@ class Stack:
         client = await self._temporal()
         queues = [(self.config.workers.workflow_task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
         queues += [
-            (self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
-            for n in self.config.node_names()
+            (self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for n in nodes
         ]
         for name, kind in queues:
             resp = await client.workflow_service.describe_task_queue(
@@ -258,7 +354,6 @@ class Stack:
             action=ScheduleActionStartWorkflow(
                 JanitorWorkflow.run,
                 JanitorInput(
-                    nodes=self.config.node_names(),
                     node_task_queue_prefix=self.config.workers.node_task_queue_prefix,
                 ),
                 id="corral-janitor-run",
@@ -285,18 +380,84 @@ class Stack:
                 stopped.append(name)
         for node in self._known_nodes():
             say(f"sandboxes and containerd on {node}")
-            removed = await self._clear_node(node)
-            if removed:
-                stopped.append(f"{removed} sandboxes on {node}")
-            daemon = self.daemon(node)
-            if daemon.is_running() or daemon.shim_pids():
-                stopped.append(f"containerd-{node}")
-            await daemon.stop(kill_shims=True)
-            await self._detach_networks(node)
+            stopped += await self._stop_node(node)
+        self.rig.remove()
         if self.process("temporal").stop(grace_s=15):
             stopped.append("temporal")
         unmount_under(self.config.state)
         return stopped
+
+    async def _stop_node(self, node: str) -> list[str]:
+        """Remove the node's sandboxes, stop its containerd and shims, drop its namespace."""
+        stopped = []
+        removed = await self._clear_node(node)
+        if removed:
+            stopped.append(f"{removed} sandboxes on {node}")
+        daemon = self.daemon(node)
+        if daemon.is_running() or daemon.shim_pids():
+            stopped.append(f"containerd-{node}")
+        await daemon.stop(kill_shims=True)
+        await self._detach_networks(node)
+        self.rig.remove_node(node)
+        return stopped
+
+    # ---------------------------------------------------------------- nodes
+    async def node_up(self, node: str, progress: Any = None) -> StackStatus:
+        """Start (or restart) one node here; it undrains and rejoins the registry."""
+        say = progress or (lambda _msg: None)
+        self.config.state.mkdir(parents=True, exist_ok=True)
+        if node not in self.config.node_names():
+            self._override("nodes", extra=[*self.config.nodes.extra, node])
+        self._write_stack_file()
+        if self.config.nodes.isolated:
+            say(f"network namespace of {node}")
+            self.rig.ensure_node(node)
+        say(f"containerd on {node}")
+        await self._start_containerd(node)
+        say(f"node worker and sensor of {node}")
+        self._start_node_processes(node)
+        await self._wait_for_workers([node])
+        await self._undrain(node)
+        return await self.status()
+
+    async def _undrain(self, node: str) -> None:
+        from workflows.nodes import undrain_node
+
+        with contextlib.suppress(RPCError):  # no registry yet: nothing to undrain
+            await undrain_node(await self._temporal(), node, by="corral node up")
+
+    async def node_down(self, node: str) -> list[str]:
+        """Stop one node's processes and remove its sandboxes; the registry marks it lost."""
+        stopped = [n for n in self._node_process_names(node) if self.process(n).stop()]
+        return stopped + await self._stop_node(node)
+
+    async def node_kill(self, node: str) -> list[int]:
+        """SIGKILL every process of the node at once, as a crash would; returns the pids.
+
+        Its namespace and containerd state stay, like a crashed machine's disk:
+        `node_up` rejoins and reaps what its episodes left.
+        """
+        daemon = self.daemon(node)
+        # Worker and sensor lead their own process groups (bpftrace is in the sensor's).
+        leaders = [p for n in self._node_process_names(node) if (p := self.process(n).pid())]
+        singles = [p for p in (daemon.pid,) if p is not None and daemon.is_running()]
+        singles += daemon.shim_pids()
+        for pid in leaders:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for pid in singles:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        await daemon.stop(kill_shims=True)  # the sandboxes' processes die with the machine
+        pids = leaders + singles
+        for pid in pids:
+            while pid_alive(pid):
+                await asyncio.sleep(0.02)
+        self._sensor_ready_file(node).unlink(missing_ok=True)
+        return pids
+
+    def _node_process_names(self, node: str) -> list[str]:
+        return [f"node-worker-{node}", f"sensor-{node}"]
 
     async def _clear_node(self, node: str) -> int:
         daemon = self.daemon(node)
@@ -323,17 +484,21 @@ class Stack:
         """Nodes on disk, not just in config: `down` must find a bigger earlier `up`."""
         nodes_dir = self.config.state / "nodes"
         on_disk = sorted(p.name for p in nodes_dir.iterdir()) if nodes_dir.exists() else []
-        return sorted(set(on_disk) | set(self.config.node_names()))
+        return sorted(set(on_disk) | set(self.config.node_names()) | set(self.rig.nodes()))
 
-    def _worker_names(self) -> list[str]:
-        workers = ["workflow-worker", *(f"node-worker-{n}" for n in self.config.node_names())]
+    def _worker_names(self, nodes: list[str] | None = None) -> list[str]:
+        nodes = self.config.node_names() if nodes is None else nodes
+        workers = ["workflow-worker", *(f"node-worker-{n}" for n in nodes)]
         if self.config.sensor.enabled:
-            workers += [f"sensor-{n}" for n in self.config.node_names()]
+            workers += [f"sensor-{n}" for n in nodes]
         return workers
 
     def _process_names(self) -> list[str]:
         """Every process the stack may have started, each once."""
-        return list(dict.fromkeys([*self._worker_names(), "intake", *self._sensor_names()]))
+        node_workers = [f"node-worker-{n}" for n in self._known_nodes()]
+        return list(
+            dict.fromkeys([*self._worker_names(), *node_workers, "intake", *self._sensor_names()])
+        )
 
     def _sensor_names(self) -> list[str]:
         return [f"sensor-{n}" for n in self._known_nodes()]
@@ -341,11 +506,12 @@ class Stack:
     # --------------------------------------------------------------- status
     async def status(self) -> StackStatus:
         components = [await self._temporal_status()]
-        for node in self.config.node_names():
+        nodes = self.local_nodes()
+        for node in nodes:
             components.append(await self._containerd_status(node))
         for name in self._process_names():
             proc = self.process(name)
-            if proc.pid_file.exists() or name in self._worker_names():
+            if proc.pid_file.exists() or name in self._worker_names(nodes):
                 pid = proc.pid()
                 ready = (
                     not name.startswith("sensor-")

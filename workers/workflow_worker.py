@@ -12,9 +12,11 @@ import signal
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.placement import FleetActivities
 from observability.metrics import setup_metrics, temporal_runtime_with_prometheus
 from observability.tracing import flush_tracing, setup_tracing
 from workers.config import StackConfig, load_config
+from workers.node_directory import NodeDirectory
 from workers.temporal import connect
 from workflows.registry import WORKFLOWS
 
@@ -39,15 +41,20 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
     metrics = setup_metrics("corral-workflow-worker", prometheus_port=otel_port)
     runtime = temporal_runtime_with_prometheus(sdk_port)
     client = await connect(config, runtime=runtime)
+    directory = NodeDirectory(client)
+    fleet = FleetActivities(directory.nodes, client)
     worker = Worker(
         client,
         task_queue=config.workers.workflow_task_queue,
         workflows=WORKFLOWS,
+        activities=[fleet.place, fleet.live_nodes, fleet.node_lost],
         max_concurrent_workflow_tasks=200,
         workflow_runner=workflow_runner(),
     )
+    refresh = asyncio.create_task(directory.refresh_forever(stop))
     async with worker:
         await stop.wait()
+    await refresh
     metrics.close()
     flush_tracing()
 

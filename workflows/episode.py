@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 with workflow.unsafe.imports_passed_through():
     from activities.models import Outcome
     from activities.node import NodeActivities
+    from activities.placement import NODE_LOST_SIGNAL
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
     from workflows.models import (
@@ -39,9 +40,10 @@ with workflow.unsafe.imports_passed_through():
         ExecStepInput,
         FileContent,
         KillOrder,
-        LoadInput,
-        NodeLoad,
+        NodeLostInput,
         OnCallRequest,
+        PlaceInput,
+        Placement,
         ProvisionInput,
         ReadFileInput,
         ReadFileRequest,
@@ -67,10 +69,12 @@ NON_RETRYABLE = ["InvalidSpec", "ImageNotFound", "SandboxPaused", "SandboxNotFou
 # States written to the EpisodeState search attribute (the SDK starts episodes
 # as "provisioning"); passing states like "placing" only show in the details.
 VISIBLE_STATES = frozenset(
-    {"running", "quarantined", "completed", "failed", "killed", "timed_out", "cancelled"}
+    {"waiting", "running", "quarantined", "completed", "failed", "killed", "timed_out", "cancelled"}
 )
 # Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
 MAX_STEPS_PER_RUN = 400
+# While no node has room, ask placement again this often.
+PLACE_RETRY_S = 2.0
 
 T = TypeVar("T")
 
@@ -111,6 +115,8 @@ class EpisodeWorkflow:
             )
         # Serialises sandbox work: a step, a file operation, the reward.
         self._lock = asyncio.Lock()
+        self._lost_node = ""  # set by `node_lost` while provisioning
+        self._avoid: list[str] = []  # nodes lost or full under this episode
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -121,7 +127,8 @@ class EpisodeWorkflow:
         result: EpisodeResult | None = None
         try:
             if input.carried is None:
-                await self._provision()
+                await self._provision_watched()
+            self._s.reason = ""
             self._set_state("running")
             body = asyncio.create_task(self._body())
             await self._supervise(body)
@@ -198,8 +205,42 @@ class EpisodeWorkflow:
         body.result()  # re-raise what the body raised
 
     # ---------------------------------------------------------------- phases
+    async def _provision_watched(self) -> None:
+        """Provision while watching for a kill or the loss of the node.
+
+        A node lost before the sandbox is up costs nothing but time: the
+        episode is placed again elsewhere (its leftovers are reaped when the
+        node comes back). A node that turns out full is skipped the same way.
+        """
+        while True:
+            self._lost_node = ""
+            task = asyncio.create_task(self._provision())
+            await workflow.wait_condition(
+                lambda: task.done() or self._s.kill is not None or bool(self._lost_node),  # noqa: B023 - awaited here
+            )
+            if not task.done():
+                task.cancel()
+                await _settle(task)
+                if self._s.kill is not None:
+                    raise _Killed(self._s.kill)
+                self._replace(self._lost_node)
+                continue
+            try:
+                task.result()
+                return
+            except ActivityError as err:
+                cause = _application_cause(err)
+                if cause is None or cause.type != "NodeFull" or self._input.node:
+                    raise
+                self._replace(self._s.node)
+
+    def _replace(self, node: str) -> None:
+        """Forget a node that cannot take this episode; placement picks another."""
+        workflow.logger.info("placing %s again: %s cannot take it", self._s.sandbox_id, node)
+        self._avoid.append(node)
+        self._s.node = ""
+
     async def _provision(self) -> None:
-        self._set_state("placing")
         if not self._s.node:
             self._s.node = await self._place()
         self._set_state("provisioning")
@@ -234,31 +275,29 @@ class EpisodeWorkflow:
         self._s.ready = True
 
     async def _place(self) -> str:
-        """The less loaded of two random nodes (power of two choices)."""
-        nodes = self._input.nodes
-        if len(nodes) == 1:
-            return nodes[0]
-        rng = workflow.random()
-        candidates = rng.sample(nodes, 2)
-        loads = await asyncio.gather(
-            *(self._load_of(node) for node in candidates), return_exceptions=True
+        """A node from the registry (a local activity: no node is asked); while
+        none has room the episode waits, visibly, and asks again."""
+        resources = self._spec.resources
+        request = PlaceInput(
+            image=self._spec.image,
+            cpu_cores=resources.cpu_cores,
+            memory_mb=resources.memory_mb,
+            pids=resources.pids_limit,
+            exclude=self._avoid,
         )
-        answered = [load for load in loads if isinstance(load, NodeLoad)]
-        if not answered:
-            raise ApplicationError(
-                f"no node answered for placement among {', '.join(candidates)}",
-                type="NoNodeAvailable",
+        while True:
+            placement: Placement = await workflow.execute_local_activity(
+                "corral.place",
+                request,
+                result_type=Placement,
+                start_to_close_timeout=timedelta(seconds=5),
             )
-        return min(answered, key=NodeLoad.score).node
-
-    async def _load_of(self, node: str) -> NodeLoad:
-        return await workflow.execute_activity_method(
-            NodeActivities.load,
-            LoadInput(image=self._spec.image),
-            task_queue=self._queue(node),
-            schedule_to_close_timeout=timedelta(seconds=5),
-            retry_policy=RetryPolicy(maximum_attempts=1),
-        )
+            if placement.node is not None:
+                return placement.node
+            if self._s.state != "waiting" or self._s.reason != placement.reason:
+                self._s.reason = placement.reason
+                self._set_state("waiting")
+            await workflow.sleep(PLACE_RETRY_S)
 
     async def _body(self) -> StepResult | None:
         if not self._s.scripted_done:
@@ -391,6 +430,18 @@ class EpisodeWorkflow:
         who = f" by {request.by}" if request.by else ""
         why = f": {request.reason}" if request.reason else ""
         self._end(f"killed by on-call{who}{why}")
+
+    @workflow.signal(name=NODE_LOST_SIGNAL)
+    def node_lost(self, lost: NodeLostInput) -> None:
+        """The registry lost this episode's node: place again if nothing ran there
+        yet, else end the episode (its sandbox went with the node)."""
+        if lost.node != self._s.node or self._s.closing:
+            return
+        if not self._s.ready:
+            self._lost_node = lost.node
+            return
+        self._s.node_lost = True
+        self._end(lost.reason, outcome="failed")
 
     def _end(self, reason: str, *, rule: str | None = None, outcome: Outcome = "killed") -> None:
         """Order the end of the episode; the first order wins."""
@@ -544,7 +595,7 @@ class EpisodeWorkflow:
             ended_at=workflow.now(),
             provision_s=self._s.provision_s,
         )
-        if self._s.node:
+        if self._s.node and not self._s.node_lost:
             # One activity tears down and records: a second one per episode
             # cost the server more than the record is worth.
             record = RecordEpisodeInput(
@@ -589,6 +640,8 @@ class EpisodeWorkflow:
             arg,
             task_queue=self._queue(self._s.node),
             start_to_close_timeout=timedelta(seconds=timeout_s),
+            # Bounded even when the node's queue is never polled again.
+            schedule_to_close_timeout=timedelta(seconds=(timeout_s + 30) * attempts),
             heartbeat_timeout=timedelta(seconds=15),
             retry_policy=RetryPolicy(
                 maximum_attempts=attempts,

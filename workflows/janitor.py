@@ -21,7 +21,9 @@ with workflow.unsafe.imports_passed_through():
 
 
 class JanitorInput(BaseModel):
-    nodes: list[str] = Field(min_length=1)
+    # Empty: every node the registry knows and has not lost (a fleet's nodes
+    # come and go; a lost node's leftovers are reaped when it rejoins).
+    nodes: list[str] = Field(default_factory=list)
     node_task_queue_prefix: str = "corral-node-"
     grace_s: float = 30.0
 
@@ -30,13 +32,16 @@ class JanitorInput(BaseModel):
 class JanitorWorkflow:
     @workflow.run
     async def run(self, input: JanitorInput) -> list[ReapResult]:
+        nodes = input.nodes or await workflow.execute_local_activity(
+            "corral.live_nodes", result_type=list[str], start_to_close_timeout=timedelta(seconds=5)
+        )
         results = await asyncio.gather(
-            *(self._reap(input, node) for node in input.nodes), return_exceptions=True
+            *(self._reap(input, node) for node in nodes), return_exceptions=True
         )
         reaped = [r for r in results if isinstance(r, ReapResult)]
         failed = {
             node: _message(r)
-            for node, r in zip(input.nodes, results, strict=True)
+            for node, r in zip(nodes, results, strict=True)
             if not isinstance(r, ReapResult)
         }
         if failed:

@@ -22,8 +22,14 @@ from activities.models import (
     FileSpec,
     LoadInput,
     Network,
+    NodeHeartbeat,
+    NodeInfo,
     NodeLoad,
+    NodeLostInput,
+    NodeRef,
     Outcome,
+    PlaceInput,
+    Placement,
     ProvisionInput,
     ProvisionResult,
     ReadFileInput,
@@ -60,9 +66,15 @@ __all__ = [
     "KillOrder",
     "LoadInput",
     "Network",
+    "NodeHeartbeat",
+    "NodeInfo",
     "NodeLoad",
+    "NodeLostInput",
+    "NodeRef",
     "OnCallRequest",
     "Outcome",
+    "PlaceInput",
+    "Placement",
     "ProvisionInput",
     "ProvisionResult",
     "ReadFileInput",
@@ -84,7 +96,6 @@ __all__ = [
 
 class EpisodeInput(BaseModel):
     spec: EpisodeSpec
-    nodes: list[str] = Field(min_length=1)
     node_task_queue_prefix: str = "corral-node-"
     node: str | None = None  # pin to a node (tests, on-call); else placement picks
     # Steps per run before continue-as-new; None is the workflow's default
@@ -128,6 +139,7 @@ class EpisodeState(BaseModel):
     pending_quarantines: list[Decision] = Field(default_factory=list)
     kill: KillOrder | None = None
     closing: bool = False
+    node_lost: bool = False  # the node went away with the sandbox: nothing to tear down
     reason: str = ""
     last_activity: datetime | None = None
     # Per run: bumped by every request (resets the idle timer), counted for

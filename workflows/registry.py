@@ -2,5 +2,6 @@
 
 from workflows.episode import EpisodeWorkflow
 from workflows.janitor import JanitorWorkflow
+from workflows.nodes import NodeRegistryWorkflow
 
-WORKFLOWS = [EpisodeWorkflow, JanitorWorkflow]
+WORKFLOWS = [EpisodeWorkflow, JanitorWorkflow, NodeRegistryWorkflow]

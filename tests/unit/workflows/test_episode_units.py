@@ -66,11 +66,9 @@ def test_spec_shorthands() -> None:
 
 def test_episode_input_max_steps_per_run_is_optional_and_positive() -> None:
     spec = EpisodeSpec(image="busybox")
-    assert EpisodeInput(spec=spec, nodes=["n"]).max_steps_per_run is None
+    assert EpisodeInput(spec=spec).max_steps_per_run is None
     with pytest.raises(ValueError, match="max_steps_per_run"):
-        EpisodeInput(spec=spec, nodes=["n"], max_steps_per_run=0)
-    with pytest.raises(ValueError, match="nodes"):
-        EpisodeInput(spec=spec, nodes=[])
+        EpisodeInput(spec=spec, max_steps_per_run=0)
 
 
 def _step(index: int, exit_code: int = 0, **kw: object) -> StepResult:

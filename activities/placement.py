@@ -1,0 +1,177 @@
+"""Placement: which node an episode goes to, read from the node registry.
+
+`place` runs as a local activity on the workflow worker: it reads the worker's
+cached copy of the registry (`workers/node_directory.py` refreshes it), so an
+episode is placed without a round trip to any node and without a task on the
+server's queues. Its answer is recorded in the episode's history as a marker,
+so replay never asks again.
+
+Order of preference: a node with a ready warm sandbox of the image, then a node
+that holds the image, then any node with room; within a tier, the less loaded
+of two random nodes (power of two choices) spreads load without herding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from activities.models import NodeInfo, NodeLostInput, PlaceInput, Placement
+from sandbox.images import resolve_image_name
+
+NODE_LOST_SIGNAL = "node_lost"
+# A placement counts against its node until the node's heartbeats show it.
+RESERVATION_TTL_S = 15.0
+
+
+@dataclass
+class _Reservation:
+    expires: float
+    cpu_cores: float
+    memory_mb: int
+    pids: int
+    image: str
+
+
+@dataclass
+class Reservations:
+    """Placements made since the nodes last reported, so that a burst of
+    episodes does not all land on the node that looked emptiest."""
+
+    by_node: dict[str, list[_Reservation]] = field(default_factory=dict)
+
+    def add(self, node: str, request: PlaceInput) -> None:
+        self.by_node.setdefault(node, []).append(
+            _Reservation(
+                time.monotonic() + RESERVATION_TTL_S,
+                request.cpu_cores,
+                request.memory_mb,
+                request.pids,
+                request.image,
+            )
+        )
+
+    def of(self, node: str) -> list[_Reservation]:
+        now = time.monotonic()
+        live = [r for r in self.by_node.get(node, []) if r.expires > now]
+        self.by_node[node] = live
+        return live
+
+
+def image_matches(wanted: str, held: str) -> bool:
+    """`busybox` matches `corral.local/busybox:latest`: both name one image."""
+    return resolve_image_name(wanted) == resolve_image_name(held)
+
+
+def room_problem(node: NodeInfo, request: PlaceInput, reserved: list[_Reservation]) -> str | None:
+    """Why the node cannot take the episode now, or None when it can."""
+    if node.state != "ready":
+        return node.state
+    cap, use = node.heartbeat.capacity, node.heartbeat.use
+    if use.sandboxes + len(reserved) + 1 > cap.max_sandboxes:
+        return f"at its {cap.max_sandboxes} sandboxes"
+    if use.memory_mb + sum(r.memory_mb for r in reserved) + request.memory_mb > cap.memory_mb:
+        return f"out of memory budget ({cap.memory_mb} MiB)"
+    if use.pids + sum(r.pids for r in reserved) + request.pids > cap.pids:
+        return f"out of pids budget ({cap.pids})"
+    cpu = use.cpu_cores + sum(r.cpu_cores for r in reserved) + request.cpu_cores
+    if cpu > cap.cores * cap.overcommit:
+        return f"out of CPU budget ({cap.cores:g} cores x {cap.overcommit:g})"
+    return None
+
+
+def _load(node: NodeInfo, reserved: list[_Reservation]) -> float:
+    cap, use = node.heartbeat.capacity, node.heartbeat.use
+    sandboxes = (use.sandboxes + len(reserved)) / max(cap.max_sandboxes, 1)
+    memory = (use.memory_mb + sum(r.memory_mb for r in reserved)) / max(cap.memory_mb, 1)
+    return sandboxes + memory + node.heartbeat.load1 / max(cap.cores, 1.0)
+
+
+def _tier(node: NodeInfo, request: PlaceInput, reserved: list[_Reservation]) -> int:
+    """0: a warm sandbox of the image is ready; 1: the image is there; 2: neither."""
+    beat = node.heartbeat
+    warm = sum(n for image, n in beat.warm.items() if image_matches(request.image, image))
+    if warm > sum(1 for r in reserved if r.image == request.image):
+        return 0
+    if any(image_matches(request.image, held) for held in beat.images):
+        return 1
+    return 2
+
+
+def choose_node(
+    nodes: list[NodeInfo],
+    request: PlaceInput,
+    reservations: Reservations,
+    rng: random.Random,
+) -> Placement:
+    problems: list[str] = []
+    fitting: list[tuple[int, float, NodeInfo]] = []
+    for node in nodes:
+        if node.name in request.exclude:
+            problems.append(f"{node.name} lost")
+            continue
+        reserved = reservations.of(node.name)
+        problem = room_problem(node, request, reserved)
+        if problem is not None:
+            problems.append(f"{node.name} {problem}")
+            continue
+        fitting.append((_tier(node, request, reserved), _load(node, reserved), node))
+    if not fitting:
+        why = "; ".join(problems) if problems else "no node has joined"
+        return Placement(node=None, reason=f"no node with room: {why}")
+    best = min(tier for tier, _, _ in fitting)
+    tier = [(load, node) for t, load, node in fitting if t == best]
+    pair = rng.sample(tier, 2) if len(tier) > 2 else tier
+    chosen = min(pair, key=lambda candidate: candidate[0])[1]
+    reservations.add(chosen.name, request)
+    return Placement(node=chosen.name)
+
+
+class FleetActivities:
+    """The control role's activities, run by the workflow worker: placement over
+    its cached registry, and telling episodes that their node is lost."""
+
+    def __init__(self, nodes: Callable[[], list[NodeInfo]], temporal: Client | None = None) -> None:
+        self._nodes = nodes
+        self._temporal = temporal
+        self._reservations = Reservations()
+        self._rng = random.Random()
+
+    @activity.defn(name="corral.place")
+    async def place(self, request: PlaceInput) -> Placement:
+        return choose_node(self._nodes(), request, self._reservations, self._rng)
+
+    @activity.defn(name="corral.live_nodes")
+    async def live_nodes(self) -> list[str]:
+        """The nodes that are there (ready or draining): the janitor's round."""
+        return [node.name for node in self._nodes() if node.state != "lost"]
+
+    @activity.defn(name="corral.node_lost")
+    async def node_lost(self, input: NodeLostInput) -> int:
+        """Signal `node_lost` to every open episode that may be on the node.
+
+        Running episodes carry `SandboxNode`; those still provisioning do not
+        (that state is not written to visibility), so they are told too and
+        each ignores a node that is not its own. Returns how many were told.
+        """
+        if self._temporal is None:
+            raise RuntimeError("node_lost needs a Temporal client")
+        query = (
+            "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running' AND "
+            f"(SandboxNode = '{input.node}' OR EpisodeState = 'provisioning')"
+        )
+        told = 0
+        async for execution in self._temporal.list_workflows(query):
+            handle = self._temporal.get_workflow_handle(execution.id)
+            with contextlib.suppress(RPCError):  # it ended meanwhile
+                await handle.signal(NODE_LOST_SIGNAL, input)
+                told += 1
+            activity.heartbeat(told)
+        return told

@@ -1,0 +1,73 @@
+"""A node's heartbeat to the node registry: who it is, what it holds, how busy.
+
+Sent every `HEARTBEAT_EVERY_S` by each node worker (signal-with-start of
+`NodeRegistryWorkflow`), so a node on any host joins the fleet by reaching
+Temporal, and stops being placed on within seconds of going silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from importlib.metadata import PackageNotFoundError, version
+
+from temporalio.client import Client
+
+from activities.models import NodeHeartbeat
+from activities.node import NodeActivities
+from activities.pool import WarmPool
+from sandbox import Containerd
+from workers.config import StackConfig
+from workflows.nodes import HEARTBEAT_EVERY_S, send_heartbeat
+
+log = logging.getLogger("corral.heartbeat")
+
+
+def corral_version() -> str:
+    with contextlib.suppress(PackageNotFoundError):
+        return version("corral")
+    return "unknown"
+
+
+async def build_heartbeat(
+    config: StackConfig,
+    node: str,
+    activities: NodeActivities,
+    containerd: Containerd,
+    pool: WarmPool | None,
+) -> NodeHeartbeat:
+    images = await containerd.images.list()
+    return NodeHeartbeat(
+        name=node,
+        task_queue=config.node_task_queue(node),
+        version=corral_version(),
+        capacity=activities.capacity,
+        use=await activities.use(),
+        images=sorted(image.name for image in images),
+        warm=pool.counts() if pool is not None else {},
+        load1=os.getloadavg()[0],
+        host=socket.gethostname(),
+    )
+
+
+async def heartbeat_forever(
+    client: Client,
+    config: StackConfig,
+    node: str,
+    activities: NodeActivities,
+    containerd: Containerd,
+    pool: WarmPool | None = None,
+) -> None:
+    """Until cancelled; a failed beat is logged and the next one tried."""
+    while True:
+        try:
+            beat = await build_heartbeat(config, node, activities, containerd, pool)
+            await send_heartbeat(client, config.workers.workflow_task_queue, beat)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.warning("heartbeat of %s not sent: %s", node, err)
+        await asyncio.sleep(HEARTBEAT_EVERY_S)

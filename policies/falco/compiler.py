@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.falco.evttypes import EventTypes, event_types
+from policies.falco.evttypes import EventTypes, check_event_type_values, event_types
 from policies.falco.expand import (
     Expander,
     Expansion,
@@ -33,7 +33,7 @@ from policies.falco.grammar import And, BinaryCheck, FieldValue, Node, Not, Or, 
 from policies.falco.loader import ItemContext, RuleLoadError, UnknownFieldError
 from policies.falco.operators import Predicate, field_to_field, lift, scalar_test
 from policies.falco.transformers import Getter, make_getter, to_text
-from policies.falco.typecheck import ResolvedField, resolve_field
+from policies.falco.typecheck import ResolvedField, check_operator, resolve_field
 
 __all__ = [
     "EventTypes",
@@ -59,6 +59,9 @@ def _compile_check(
     check: UnaryCheck | BinaryCheck, registry: FieldRegistry, ctx: ItemContext | None
 ) -> Predicate:
     fld = resolve_field(registry, check.field, ctx)
+    check_operator(fld, check.op, ctx)
+    if isinstance(check, BinaryCheck):
+        check_event_type_values(check, ctx)
     get = make_getter(fld)
     if isinstance(check, UnaryCheck):
         return lambda ev: (v := get(ev)) is not None and v != []

@@ -28,14 +28,21 @@ from policies.falco.compiler import (
     condition_with_exceptions,
     event_types,
     fields_used,
+    iter_checks,
     make_getter,
     missing_fields,
     resolve_field,
 )
 from policies.falco.fieldapi import FieldRegistry
-from policies.falco.grammar import FieldRef
+from policies.falco.grammar import And, BinaryCheck, FieldRef, ListValue, Node, UnaryCheck, Value
 from policies.falco.loader import (
+    NO_EVTTYPE,
     SYSCALL_SOURCE,
+    UNKNOWN_FILTER,
+    UNSAFE_NA_CHECK,
+    UNUSED_LIST,
+    UNUSED_MACRO,
+    ExceptionInfo,
     LoadResult,
     LoadWarning,
     Priority,
@@ -201,23 +208,24 @@ class _Builder:
             return entry
         entry.event_types = event_types(entry.expansion.node)
         entry.missing_fields = missing_fields(entry.expansion.node, self.registry)
-        if not rule.enabled:
-            entry.status, entry.reason = RuleStatus.DISABLED, "enabled: false"
-            return entry
+        # Falco compiles disabled rules too (they can be enabled at run time).
         self._compile(entry)
+        if not rule.enabled and entry.status is RuleStatus.SUPPORTED:
+            entry.status, entry.reason, entry.predicate = (
+                RuleStatus.DISABLED,
+                "enabled: false",
+                None,
+            )
         return entry
 
     def _compile(self, entry: RuleEntry) -> None:
         rule = entry.info
         assert entry.expansion is not None
-        if entry.missing_fields:
-            names = ", ".join(entry.missing_fields)
-            entry.status = RuleStatus.UNSUPPORTED
-            entry.reason = f"unknown field {names}"
-            if rule.skip_if_unknown_filter:
-                self.load.warn(f"skipped (skip-if-unknown-filter): unknown field {names}", rule.ctx)
-            elif self.strict:
-                raise UnknownFieldError(entry.missing_fields[0], rule.ctx, "not in the registry")
+        output = OutputTemplate(rule.output, self.registry)
+        unknown = sorted(set(entry.missing_fields) | set(output.unknown_fields)
+                         | set(self._unknown_exception_fields(rule)))  # fmt: skip
+        if unknown:
+            self._unknown_fields(entry, unknown)
             return
         try:
             entry.predicate = compile_predicate(entry.expansion.node, self.registry, rule.ctx)
@@ -230,14 +238,38 @@ class _Builder:
             self._fail(e)
             entry.status, entry.reason = RuleStatus.ERROR, e.reason
             return
-        entry.output = OutputTemplate(rule.output, self.registry)
-        if entry.output.unknown_fields:
-            unknown = ", ".join(sorted(set(entry.output.unknown_fields)))
-            self.load.warn(f"output fields not in the registry render <NA>: {unknown}", rule.ctx)
-        if entry.event_types.is_all and rule.warn_evttypes:
-            self.load.warn(
-                "rule matches every event type (no evt.type restriction): slow", rule.ctx
-            )
+        entry.output = output
+        self._warn_compiled(entry)
+
+    def _unknown_fields(self, entry: RuleEntry, names: list[str]) -> None:
+        """A field neither Falco's syscall source nor this sensor serves: Falco
+        refuses the rule unless it says skip-if-unknown-filter."""
+        rule = entry.info
+        text = ", ".join(names)
+        entry.status, entry.reason = RuleStatus.UNSUPPORTED, f"unknown field {text}"
+        if rule.skip_if_unknown_filter:
+            self.load.warn(f"skipped (skip-if-unknown-filter): unknown field {text}", rule.ctx,
+                           UNKNOWN_FILTER)  # fmt: skip
+        elif self.strict:
+            raise UnknownFieldError(names[0], rule.ctx, "not in the registry")
+
+    def _unknown_exception_fields(self, rule: RuleInfo) -> list[str]:
+        # Checked even when an exception has no values (and so adds no condition).
+        names = [f for ex in rule.exceptions for f in _exception_fields(ex)]
+        return missing_fields(And(tuple(UnaryCheck(FieldRef(n), "exists") for n in names)),
+                              self.registry) if names else []  # fmt: skip
+
+    def _warn_compiled(self, entry: RuleEntry) -> None:
+        rule = entry.info
+        assert entry.expansion is not None
+        if _compares_with_na(entry.expansion.node):
+            self.load.warn("condition compares a field with <NA>: unsafe, the comparison "
+                           "never sees a missing value", rule.ctx, UNSAFE_NA_CHECK)  # fmt: skip
+        types = entry.event_types
+        too_many = not types.finite or len(types.names) > _MAX_EVTTYPES
+        if too_many and rule.warn_evttypes:
+            self.load.warn("rule matches too many evt.type values (every event type but a few, "
+                           "or no evt.type restriction): slow", rule.ctx, NO_EVTTYPE)  # fmt: skip
 
     def _warn_unused(self, entries: list[RuleEntry]) -> None:
         used_macros: set[str] = set()
@@ -248,10 +280,30 @@ class _Builder:
                 used_lists |= e.expansion.lists
         for name, macro in self.load.macros.items():
             if name not in used_macros:
-                self.load.warn("macro not referenced by any rule", macro.ctx)
+                self.load.warn("macro not referenced by any rule", macro.ctx, UNUSED_MACRO)
         for name, lst in self.load.lists.items():
             if name not in used_lists:
-                self.load.warn("list not referenced by any rule", lst.ctx)
+                self.load.warn("list not referenced by any rule", lst.ctx, UNUSED_LIST)
+
+
+# Falco warns about rules whose event-type set is empty or larger than this.
+_MAX_EVTTYPES = 100
+
+
+def _exception_fields(ex: ExceptionInfo) -> list[str]:
+    fields = ex.fields if isinstance(ex.fields, list) else [ex.fields] if ex.fields else []
+    return [f for f in fields if f]
+
+
+def _compares_with_na(node: Node) -> bool:
+    """Falco warns only for its JSON-event sources' fields (``ka.*``, ``jevt.*``)."""
+    for check in iter_checks(node):
+        if isinstance(check, BinaryCheck) and check.field.name.startswith(("ka.", "jevt.")):
+            rhs = check.value
+            items = rhs.items if isinstance(rhs, ListValue) else (rhs,)
+            if any(isinstance(v, Value) and v.text == "<NA>" for v in items):
+                return True
+    return False
 
 
 class RuleEngine:

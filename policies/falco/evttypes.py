@@ -3,8 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from policies.falco.grammar import And, BinaryCheck, ListValue, Node, Not, Or, Value
+from policies.falco.loader import FieldTypeError, ItemContext
+
+_NAMES_FILE = Path(__file__).with_name("event_names.txt")
+
+
+@cache
+def known_event_types() -> frozenset[str]:
+    """Every name ``evt.type`` can take (syscalls and libsinsp's own events)."""
+    lines = _NAMES_FILE.read_text(encoding="utf-8").splitlines()
+    return frozenset(n.strip() for n in lines if n.strip() and not n.startswith("#"))
+
+
+def check_event_type_values(check: BinaryCheck, ctx: ItemContext | None) -> None:
+    """libsinsp refuses an ``evt.type`` comparison with a name it does not know."""
+    names = _evt_type_values(check)
+    unknown = sorted((names or frozenset()) - known_event_types())
+    if unknown:
+        raise FieldTypeError(f"unknown event type {', '.join(unknown)}", ctx)
+
 
 # --- event types ----------------------------------------------------------------
 

@@ -147,11 +147,8 @@ def scalar_test(
         v = convert(text, ftype, ctx, name)
         test = _ip_eq(v) if ftype in IP_TYPES else partial(operator.eq, v)
         return test if op != "!=" else lambda x: not test(x)
-    test_s = _string_test(op, text, ctx)
-    if ftype in (FieldType.STRING, FieldType.LIST):
-        return test_s
-    # A string operator on a typed field: compare its printed form.
-    return lambda x: test_s(to_text(x))
+    # typecheck.check_operator left only string fields for the other operators
+    return _string_test(op, text, ctx)
 
 
 def lift(get: Getter, test: Callable[[Any], bool]) -> Predicate:

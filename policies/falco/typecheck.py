@@ -11,14 +11,26 @@ from typing import Any
 from policies.falco.fieldapi import ArgKind, FieldRegistry, FieldSpec, FieldType
 from policies.falco.grammar import FieldRef
 from policies.falco.loader import (
+    FieldTypeError,
     ItemContext,
     RuleLoadError,
     UnknownFieldError,
-    UnsupportedOperatorError,
 )
 
 NUMERIC = (FieldType.INT, FieldType.PORT, FieldType.RELTIME, FieldType.ABSTIME)
 IP_TYPES = (FieldType.IPADDR, FieldType.IPNET)
+_TEXT = (FieldType.STRING, FieldType.LIST)
+
+# The operators libsinsp accepts per field type (strings take every operator).
+_EQUALITY = frozenset({"=", "==", "!=", "in", "intersects", "exists"})
+_ORDERED = _EQUALITY | {"<", "<=", ">", ">="}
+_OPERATORS: dict[FieldType, frozenset[str]] = {
+    FieldType.LIST: frozenset({"in", "intersects", "exists"}),
+    FieldType.BOOL: _EQUALITY,
+    FieldType.IPADDR: _EQUALITY,
+    FieldType.IPNET: _EQUALITY,
+    **{t: _ORDERED for t in NUMERIC},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +42,28 @@ class ResolvedField:
     @property
     def type(self) -> FieldType:
         """The value type after transformers."""
-        if not self.ref.transformers:
-            return self.spec.type
-        return FieldType.INT if self.ref.transformers[0] == "len" else FieldType.STRING
+        return transformed_type(self.spec.type, self.ref, None)
+
+
+def transformed_type(ftype: FieldType, ref: FieldRef, ctx: ItemContext | None) -> FieldType:
+    """The type after ``ref``'s transformers, innermost first; libsinsp applies
+    them to string (and list) values only, and ``len`` yields a number."""
+    for name in reversed(ref.transformers):
+        if ftype not in _TEXT:
+            raise FieldTypeError(
+                f"transformer '{name}' cannot be applied to {ftype.value} field '{ref.name}'", ctx
+            )
+        ftype = FieldType.INT if name == "len" else ftype
+    return ftype
+
+
+def check_operator(fld: ResolvedField, op: str, ctx: ItemContext | None) -> None:
+    """Refuse an operator the field's type does not support (libsinsp's verdict)."""
+    allowed = _OPERATORS.get(fld.type)
+    if allowed is not None and op not in allowed:
+        raise FieldTypeError(
+            f"operator '{op}' is not supported on {fld.type.value} field '{fld.ref.text()}'", ctx
+        )
 
 
 def _parse_arg(arg: str | None) -> str | int | None:
@@ -55,9 +86,10 @@ def resolve_field(registry: FieldRegistry, ref: FieldRef, ctx: ItemContext | Non
     if spec is None:
         raise UnknownFieldError(ref.name, ctx, "not in the field registry")
     if spec.arg is ArgKind.NONE and arg is not None:
-        raise UnsupportedOperatorError(f"field '{ref.name}' does not take an argument", ctx)
+        raise FieldTypeError(f"field '{ref.name}' does not take an argument", ctx)
     if spec.arg is ArgKind.REQUIRED and arg is None:
-        raise UnsupportedOperatorError(f"field '{ref.name}' requires an argument", ctx)
+        raise FieldTypeError(f"field '{ref.name}' requires an argument", ctx)
+    transformed_type(spec.type, ref, ctx)
     return ResolvedField(spec, _parse_arg(arg), ref)
 
 

@@ -35,7 +35,7 @@ _FIELDS: list[tuple[str, FieldType, ArgKind]] = [
     ("proc.pid", N, ArgKind.NONE),
     ("proc.args", S, ArgKind.NONE),
     ("proc.exe", S, ArgKind.NONE),
-    ("proc.aname", L, ArgKind.OPTIONAL),
+    ("proc.aname", S, ArgKind.OPTIONAL),
     ("proc.duration", FieldType.RELTIME, ArgKind.NONE),
     ("proc.tty", N, ArgKind.NONE),
     ("fd.name", S, ArgKind.NONE),

@@ -357,9 +357,11 @@ def test_enabled_toggle_and_disabled_rules() -> None:
         load("- rule: Ghost\n  enabled: false\n")
 
 
-def test_disabled_rule_with_unknown_field_is_not_an_error() -> None:
-    rs = ruleset(rule("r", "k8s.pod.name = x") + "  enabled: false\n")
-    entry = rs.get("r")
+def test_disabled_rule_is_compiled_like_falco() -> None:
+    # Falco compiles disabled rules too (they can be enabled at run time).
+    with pytest.raises(UnknownFieldError, match="k8s.pod.name"):
+        ruleset(rule("r", "k8s.pod.name = x") + "  enabled: false\n")
+    entry = ruleset(rule("r", "proc.name = x") + "  enabled: false\n").get("r")
     assert entry is not None and entry.status is RuleStatus.DISABLED
 
 

@@ -79,7 +79,7 @@ class Stack:
         self.run_dir = config.state / "run"
         self._client: Client | None = None
         self._overrides: dict[str, dict[str, Any]] = {}
-        self._role: Role = "all"
+        self._role: Role | None = None  # None: as recorded (node_up keeps the stack's role)
 
     async def _temporal(self) -> Client:
         """One Temporal connection per Stack: `up` polls the queues several times a second."""
@@ -129,6 +129,7 @@ class Stack:
     async def up(self, progress: Any = None, role: Role = "all") -> StackStatus:
         say = progress or (lambda _msg: None)
         self.config.state.mkdir(parents=True, exist_ok=True)
+        self._role = role
         if self.config.nodes.isolated:
             say("isolated rig network")
             self._prepare_rig()
@@ -137,7 +138,6 @@ class Stack:
         if self.config.temporal.dev_server.enabled:
             say("temporal dev server")
             await self._start_temporal()
-        self._role = role
         nodes = self.config.node_names() if role == "all" else []
         for node in nodes:
             say(f"containerd on {node}")
@@ -148,21 +148,20 @@ class Stack:
         self._start_control()
         for node in nodes:
             self._start_node_processes(node)
-        await self._wait_for_workers(nodes)
+        await self._wait_for_workers(nodes, control=True)
         say("janitor schedule")
         await self._ensure_janitor_schedule()
         return await self.status()
 
     def _write_stack_file(self) -> None:
         path = self.config.state / STACK_FILE
+        recorded: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             recorded = json.loads(path.read_text())
-            self._overrides = {**recorded.get("overrides", {}), **self._overrides}
-        path.write_text(
-            json.dumps(
-                {"nodes": self.config.nodes.count, "role": self._role, "overrides": self._overrides}
-            )
-        )
+        self._overrides = _merged(recorded.get("overrides", {}), self._overrides)
+        role = self._role or recorded.get("role", "all")
+        count = self.config.nodes.count
+        path.write_text(json.dumps({"nodes": count, "role": role, "overrides": self._overrides}))
 
     def local_nodes(self) -> list[str]:
         """The nodes this machine runs: all of them, or (control role) those joined here."""
@@ -275,10 +274,10 @@ class Stack:
                 self._node_argv(node, self._python("workers.sensor", "--node", node)), env=env
             )
 
-    async def _wait_for_workers(self, nodes: list[str]) -> None:
+    async def _wait_for_workers(self, nodes: list[str], *, control: bool) -> None:
         """Workers are up when they poll their queues; a crash shows its log."""
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        names = self._worker_names(nodes)
+        names = self._worker_names(nodes)[0 if control else 1 :]
         while time.monotonic() < deadline:
             dead = [n for n in names if not self.process(n).running()]
             if dead:
@@ -287,7 +286,7 @@ class Stack:
                     f"{name} exited at start; last log lines:\n{self.process(name).log_tail(15)}"
                 )
             if (
-                await self._queues_polled(nodes)
+                await self._queues_polled(nodes, control)
                 and self._sensors_ready(nodes)
                 and await self._nodes_registered(nodes)
             ):
@@ -314,13 +313,14 @@ class Stack:
         known = {info.name for info in await list_nodes(await self._temporal())}
         return known >= set(nodes)
 
-    async def _queues_polled(self, nodes: list[str]) -> bool:
+    async def _queues_polled(self, nodes: list[str], control: bool = True) -> bool:
         from temporalio.api.enums.v1 import TaskQueueType
         from temporalio.api.taskqueue.v1 import TaskQueue
         from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
         client = await self._temporal()
         queues = [(self.config.workers.workflow_task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
+        queues = queues if control else []
         queues += [
             (self.config.node_task_queue(n), TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for n in nodes
         ]
@@ -416,7 +416,7 @@ class Stack:
         await self._start_containerd(node)
         say(f"node worker and sensor of {node}")
         self._start_node_processes(node)
-        await self._wait_for_workers([node])
+        await self._wait_for_workers([node], control=False)
         await self._undrain(node)
         return await self.status()
 
@@ -605,6 +605,11 @@ async def _wait_port(host: str, port: int, proc: ManagedProcess) -> None:
     raise StackError(
         f"{proc.name} did not listen on {host}:{port} within {SERVICE_START_TIMEOUT_S:.0f} s"
     )
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Stack-file overrides: `top`'s sections update `base`'s, key by key."""
+    return {k: {**base.get(k, {}), **top.get(k, {})} for k in {*base, *top}}
 
 
 def _has_module(name: str) -> bool:

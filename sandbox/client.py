@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
-from sandbox import network, volumes
+from sandbox import network, quota, userns, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.namespaces.v1 import namespace_pb2
@@ -67,7 +67,8 @@ class Containerd:
     """Async client for one containerd namespace. Use ``await Containerd.connect(socket)``."""
 
     def __init__(self, conn: Connection, *, network_state_dir: Path | None = None,
-                 workspace_root: Path | None = None) -> None:
+                 workspace_root: Path | None = None,
+                 uid_pool: userns.UidPool | None = None) -> None:
         self._conn = conn
         self.images = ImageStore(conn)
         self.pulls = Puller(self.images, conn)  # registry images on first use
@@ -78,12 +79,16 @@ class Containerd:
         self.workspace_root = Path(workspace_root or socket_dir / "workspaces")
         # containerd's state dir as ContainerdDaemon lays it out; the task bundles live there.
         self._bundles = socket_dir / "state" / "io.containerd.runtime.v2.task" / conn.namespace
+        # containerd's root dir in that layout: the snapshotter's quota filesystem is there.
+        self._containerd_root = socket_dir / "root"
+        self.uid_pool = uid_pool or userns.UidPool()
 
     @classmethod
     async def connect(cls, socket: str, namespace: str = "corral", *,
                       snapshotter: str = DEFAULT_SNAPSHOTTER, runc_root: str | None = None,
                       network_state_dir: str | Path | None = None,
                       workspace_root: str | Path | None = None,
+                      uid_pool: userns.UidPool | None = None,
                       timeout_s: float = 5.0) -> Containerd:
         """Connect to containerd at ``socket``.
 
@@ -107,7 +112,8 @@ class Containerd:
             await conn.close()
             raise map_grpc_error(err, f"namespace {namespace!r} at {socket}") from err
         return cls(conn, network_state_dir=Path(network_state_dir) if network_state_dir else None,
-                   workspace_root=Path(workspace_root) if workspace_root else None)
+                   workspace_root=Path(workspace_root) if workspace_root else None,
+                   uid_pool=uid_pool)
 
     @property
     def namespace(self) -> str:
@@ -144,6 +150,7 @@ class Containerd:
         """Create and start a sandbox; return the existing one if it is already alive."""
         validate_sandbox_id(sandbox_id)
         _check_host_support(spec)
+        self._check_disk_quota(spec)
         # Two concurrent creates of one id in this process: the second waits and
         # then finds the first one's sandbox alive.
         async with self._id_locks.hold(sandbox_id):
@@ -173,7 +180,8 @@ class Containerd:
                 if spec.network == "allowlist":
                     try:
                         await network.attach_network(sandbox_id, task.pid, spec.egress,
-                                                     self.network_state_dir)
+                                                     self.network_state_dir,
+                                                     rate_mbit=spec.egress_mbit)
                     except SandboxError:
                         await self.destroy_sandbox(sandbox_id)
                         raise
@@ -190,18 +198,23 @@ class Containerd:
             lease = await conn.create_lease("sandbox")
             undo_stack.append(lambda: conn.delete_lease(lease))
             step = "snapshot"
-            mounts = await self._prepare_snapshot(sandbox_id, chain_id, image, lease)
+            mapping = self.uid_pool.mapping(spec.userns_range) if spec.user_namespace else None
+            mounts = await self._prepare_snapshot(sandbox_id, chain_id, image, lease, mapping)
             undo_stack.append(lambda: self._remove_snapshot(sandbox_id))
+            step = "disk quota"
+            self._own_upper(mounts, spec, mapping)
             workspace = None
             if spec.workspace_mb is not None:
                 step = "workspace"
                 undo_stack.append(lambda: volumes.remove_workspace(self.workspace_root,
                                                                    sandbox_id))
-                uid, gid = parse_user(spec.user)
+                uid, gid = userns.host_owner(mapping, parse_user(spec.user))
                 workspace = str(await volumes.create_workspace(
                     self.workspace_root, sandbox_id, spec.workspace_mb, uid, gid))
             step = "container"
-            oci_spec = build_oci_spec(sandbox_id, spec, workspace_source=workspace)
+            oci_spec = build_oci_spec(sandbox_id, spec, workspace_source=workspace,
+                                      userns=mapping,
+                                      io_device=quota.block_device(self._containerd_root))
             container = _container_record(sandbox_id, spec, image, labels, oci_spec,
                                           conn.snapshotter, conn.runc_root)
             await conn.containers.Create(
@@ -227,7 +240,7 @@ class Containerd:
                 undo_stack.append(lambda: network.detach_network(sandbox_id,
                                                                  self.network_state_dir))
                 await network.attach_network(sandbox_id, started.pid, spec.egress,
-                                             self.network_state_dir)
+                                             self.network_state_dir, rate_mbit=spec.egress_mbit)
         except (grpc.aio.AioRpcError, SandboxError) as err:
             await _roll_back(undo_stack)
             raise _start_error(sandbox_id, step, err) from err
@@ -239,12 +252,14 @@ class Containerd:
                        process=oci_spec["process"])
 
     async def _prepare_snapshot(self, sandbox_id: str, chain_id: str, image: str,
-                                lease: str) -> Sequence[Any]:
+                                lease: str, mapping: userns.IdMapping | None) -> Sequence[Any]:
         request = snapshots_pb2.PrepareSnapshotRequest(
             snapshotter=self._conn.snapshotter, key=sandbox_id, parent=chain_id,
             labels={SANDBOX_LABEL: sandbox_id},
         )
         try:
+            if mapping is not None:
+                request.parent = await self._remapped_parent(chain_id, mapping, lease)
             resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
         except grpc.aio.AioRpcError as err:
             if not is_not_found(err):
@@ -252,8 +267,59 @@ class Containerd:
             # parent chain missing: the image was imported without unpacking
             info = await self.images.get(image)
             request.parent = await self.images.ensure_unpacked(info)
+            if mapping is not None:
+                request.parent = await self._remapped_parent(request.parent, mapping, lease)
             resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
         return list(resp.mounts)
+
+    async def _remapped_parent(self, chain_id: str, mapping: userns.IdMapping,
+                               lease: str) -> str:
+        """The image's chain chowned into ``mapping``'s range, made once (sandbox.userns)."""
+        key = chain_id + mapping.snapshot_suffix
+        async with self._id_locks.hold(key):
+            if await self.images._has_snapshot(key):
+                return key
+            scratch = self.workspace_root.parent / "remap"
+            prepare_key = f"{key}-prepare"
+            with contextlib.suppress(grpc.aio.AioRpcError):  # a crashed earlier attempt
+                await self._conn.snapshots.Remove(snapshots_pb2.RemoveSnapshotRequest(
+                    snapshotter=self._conn.snapshotter, key=prepare_key), metadata=self._conn.md())
+            resp = await self._conn.snapshots.Prepare(snapshots_pb2.PrepareSnapshotRequest(
+                snapshotter=self._conn.snapshotter, key=prepare_key, parent=chain_id),
+                metadata=self._conn.md(lease))
+            try:
+                await userns.shift_mounted(resp.mounts, mapping, scratch)
+                await self._conn.snapshots.Commit(snapshots_pb2.CommitSnapshotRequest(
+                    snapshotter=self._conn.snapshotter, name=key, key=prepare_key,
+                    labels={userns.GC_ROOT_LABEL: "1", userns.REMAP_LABEL: str(mapping.host_id)}),
+                    metadata=self._conn.md(lease))
+            except BaseException:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self._conn.snapshots.Remove(snapshots_pb2.RemoveSnapshotRequest(
+                        snapshotter=self._conn.snapshotter, key=prepare_key),
+                        metadata=self._conn.md())
+                raise
+            return key
+
+    def _check_disk_quota(self, spec: SandboxSpec) -> None:
+        if spec.disk_mb is not None and not quota.has_quota_fs(self._containerd_root):
+            raise InvalidSpec(
+                f"disk_mb {spec.disk_mb}: this node's snapshotter "
+                f"({quota.snapshotter_root(self._containerd_root)}) is not on the btrfs quota "
+                "filesystem ContainerdDaemon mounts (a state dir from before quotas?); "
+                "start the node on a fresh state dir, or set disk_mb to None")
+
+    def _own_upper(self, mounts: Sequence[Any], spec: SandboxSpec,
+                   mapping: userns.IdMapping | None) -> None:
+        """Quota the new writable layer and give it to the sandbox's root."""
+        upper = _upper_dir(mounts)
+        if upper is None:
+            return
+        owner = userns.host_owner(mapping, (0, 0))
+        if spec.disk_mb is not None:
+            quota.limit_upper(upper, spec.disk_mb, owner)
+        elif mapping is not None:
+            os.chown(upper, *owner)
 
     # -- get / list --------------------------------------------------------------
     async def update_labels(self, sandbox_id: str, labels: dict[str, str]) -> dict[str, str]:
@@ -461,6 +527,15 @@ def _check_host_support(spec: SandboxSpec) -> None:
         blocker = crun_blocker()
         if blocker:
             raise InvalidSpec(f"runtime 'crun' cannot run on this host: {blocker}")
+
+
+def _upper_dir(mounts: Sequence[Any]) -> Path | None:
+    """The overlay upper dir of a prepared snapshot (None for a bind mount: no parent)."""
+    for mount in mounts:
+        for option in mount.options:
+            if option.startswith("upperdir="):
+                return Path(option.removeprefix("upperdir="))
+    return None
 
 
 def _check_command(sandbox_id: str, rootfs: Path, spec: SandboxSpec) -> None:

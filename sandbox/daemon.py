@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,6 +21,8 @@ from pathlib import Path
 import grpc
 
 from sandbox.errors import ContainerdUnavailable
+
+_log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_GRACE_S = 5.0
@@ -84,6 +87,7 @@ class ContainerdDaemon:
         self.root_dir.mkdir(parents=True, exist_ok=True)
         await self._reap_previous_instance()
         self._remove_stale_sockets()
+        await self._mount_quota_fs()
         self.config_path.write_text(self.render_config())
         log = self.log_path.open("ab")
         try:
@@ -98,6 +102,23 @@ class ContainerdDaemon:
             log.close()
         self.pid_path.write_text(f"{self._proc.pid}\n")
         await self._wait_until_ready()
+
+    async def _mount_quota_fs(self) -> None:
+        """The snapshotter's btrfs with qgroups (sandbox.quota): per-sandbox disk quotas.
+
+        Without it (no btrfs tools, an old state dir) containerd still starts;
+        sandboxes that ask for ``disk_mb`` are then refused with the reason.
+        """
+        from sandbox import quota
+
+        try:
+            mounted = await quota.ensure_quota_fs(self.root_dir / "root", self.root_dir)
+        except quota.QuotaError as exc:
+            _log.warning("containerd at %s runs without disk quotas: %s", self.root_dir, exc)
+            return
+        if not mounted:
+            _log.warning("containerd at %s runs without disk quotas: its snapshotter dir "
+                         "predates them", self.root_dir)
 
     async def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -21,6 +21,12 @@ RUNTIME_HINTS = {
     "runsc": "gVisor is not installed on this host (no Debian package); use runc",
 }
 
+DEFAULT_DISK_MB = 1024
+DEFAULT_IO_BPS_MB = 200
+DEFAULT_IO_IOPS = 4000
+DEFAULT_EGRESS_MBIT = 100
+MAX_USERNS_RANGES = 4096
+
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^\d+(:\d+)?$")
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,75}$")
@@ -65,9 +71,21 @@ class SandboxSpec(BaseModel):
     # A size-capped ext4 volume (a sparse file on the host, loop-mounted) at
     # /workspace: the only disk quota there is (overlayfs here has none).
     workspace_mb: int | None = Field(default=None, ge=8, le=1_048_576)
+    # Quota on the whole writable layer (the overlay upper dir, a btrfs subvolume with a
+    # qgroup limit: sandbox.quota); None: unbounded (only where the node has no quota fs).
+    disk_mb: int | None = Field(default=DEFAULT_DISK_MB, ge=16, le=1_048_576)
+    # cgroup v1 blkio throttling on the device that holds the writable layer.
+    io_bps_mb: int | None = Field(default=DEFAULT_IO_BPS_MB, ge=1, le=100_000)
+    io_iops: int | None = Field(default=DEFAULT_IO_IOPS, ge=10, le=10_000_000)
+    # Root in the sandbox maps to an unprivileged host uid range (sandbox.userns): range
+    # `userns_range` of the node's pool. False only where the tenant allows it.
+    user_namespace: bool = True
+    userns_range: int = Field(default=0, ge=0, le=MAX_USERNS_RANGES - 1)
     # "none": own netns with loopback only; "allowlist": a veth with only `egress` reachable.
     network: Literal["none", "allowlist"] = "none"
     egress: list[EgressRule] = Field(default_factory=list)
+    # Token-bucket rate of the allowlist veth, each direction (tc tbf); loopback is not shaped.
+    egress_mbit: int | None = Field(default=DEFAULT_EGRESS_MBIT, ge=1, le=100_000)
     # "tini": a reaping init (the host's static tini, bind-mounted read-only) runs `command`;
     # "none": `command` itself is PID 1 (orphaned zombies then pile up against pids_limit).
     init: Literal["tini", "none"] = "tini"
@@ -106,15 +124,16 @@ class SandboxSpec(BaseModel):
         missing = [b for b in binaries if shutil.which(b) is None]
         if missing:
             hint = RUNTIME_HINTS.get(runtime)
-            raise ValueError(f"runtime {runtime!r} needs {', '.join(missing)} on PATH"
-                             + (f" ({hint})" if hint else ""))
+            raise ValueError(
+                f"runtime {runtime!r} needs {', '.join(missing)} on PATH"
+                + (f" ({hint})" if hint else "")
+            )
         return runtime
 
     @model_validator(mode="after")
     def _egress_needs_allowlist(self) -> SandboxSpec:
         if self.egress and self.network != "allowlist":
-            raise ValueError("egress rules need network='allowlist' "
-                             f"(network is {self.network!r})")
+            raise ValueError(f"egress rules need network='allowlist' (network is {self.network!r})")
         return self
 
     @model_validator(mode="after")

@@ -141,6 +141,8 @@ class NetworkAttachment(BaseModel):
     prefixlen: int = 31
     egress: list[EgressRule]
     cut: bool = False
+    # tc token-bucket rate of the veth, each direction; None: unshaped.
+    rate_mbit: int | None = None
 
     @property
     def chain(self) -> str:
@@ -171,8 +173,9 @@ def preferred_slot(sandbox_id: str) -> int:
     return int.from_bytes(digest[:8], "big") % SLOT_COUNT
 
 
-def allocate_slot(sandbox_id: str, taken_slots: set[int], busy_ifnames: set[str],
-                  busy_addresses: set[str]) -> int:
+def allocate_slot(
+    sandbox_id: str, taken_slots: set[int], busy_ifnames: set[str], busy_addresses: set[str]
+) -> int:
     """First free slot probing linearly from the id's hash: deterministic, collision-free."""
     start = preferred_slot(sandbox_id)
     for step in range(SLOT_COUNT):
@@ -257,17 +260,22 @@ def render_sandbox_rules(att: NetworkAttachment) -> str:
 def render_sandbox_removal(slot: int) -> str:
     """Remove one sandbox's elements and chain; safe when some are already gone."""
     t, ch, ifn = f"inet {TABLE}", chain_name(slot), host_ifname(slot)
-    return "\n".join([
-        f"add chain {t} {ch}",
-        f'add element {t} egress {{ "{ifn}" : jump {ch} }}',
-        f'delete element {t} egress {{ "{ifn}" }}',
-        f'add element {t} sandbox_ifs {{ "{ifn}" }}',
-        f'delete element {t} sandbox_ifs {{ "{ifn}" }}',
-        f'add element {t} cut {{ "{ifn}" }}',
-        f'delete element {t} cut {{ "{ifn}" }}',
-        f"flush chain {t} {ch}",
-        f"delete chain {t} {ch}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"add chain {t} {ch}",
+                f'add element {t} egress {{ "{ifn}" : jump {ch} }}',
+                f'delete element {t} egress {{ "{ifn}" }}',
+                f'add element {t} sandbox_ifs {{ "{ifn}" }}',
+                f'delete element {t} sandbox_ifs {{ "{ifn}" }}',
+                f'add element {t} cut {{ "{ifn}" }}',
+                f'delete element {t} cut {{ "{ifn}" }}',
+                f"flush chain {t} {ch}",
+                f"delete chain {t} {ch}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def render_cut(slot: int, cut: bool) -> str:
@@ -308,19 +316,27 @@ def save_table(state_dir: Path, table: dict[str, NetworkAttachment]) -> None:
 # ---------------------------------------------------------------- host plumbing
 
 
-async def _run(sandbox_id: str, what: str, *argv: str, stdin: str | None = None,
-               ok_stderr: tuple[str, ...] = ()) -> str:
+async def _run(
+    sandbox_id: str,
+    what: str,
+    *argv: str,
+    stdin: str | None = None,
+    ok_stderr: tuple[str, ...] = (),
+) -> str:
     """Run a command; raise a one-line NetworkError unless it succeeds (or fails benignly)."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
     except OSError as exc:
         raise NetworkError(f"sandbox {sandbox_id}: {what}: cannot run {argv[0]}: {exc}") from exc
     try:
         out, err = await asyncio.wait_for(
-            proc.communicate(stdin.encode() if stdin is not None else None), COMMAND_TIMEOUT_S)
+            proc.communicate(stdin.encode() if stdin is not None else None), COMMAND_TIMEOUT_S
+        )
     except TimeoutError as exc:
         proc.kill()
         await proc.wait()
@@ -339,8 +355,18 @@ async def _nft(sandbox_id: str, what: str, script: str) -> None:
 
 async def _drop_table_if_unused(sandbox_id: str) -> None:
     """Remove the shared table once no sandbox uses it, so a clean host stays clean."""
-    out = await _run(sandbox_id, "list nft set", "nft", "-j", "list", "set", "inet", TABLE,
-                     "sandbox_ifs", ok_stderr=("No such file or directory",))
+    out = await _run(
+        sandbox_id,
+        "list nft set",
+        "nft",
+        "-j",
+        "list",
+        "set",
+        "inet",
+        TABLE,
+        "sandbox_ifs",
+        ok_stderr=("No such file or directory",),
+    )
     if not out.strip():
         return  # no table
     for item in json.loads(out).get("nftables", []):
@@ -368,8 +394,15 @@ async def _link_exists(sandbox_id: str, ifname: str) -> bool:
 
 
 async def _delete_link(sandbox_id: str, ifname: str) -> None:
-    await _run(sandbox_id, f"delete veth {ifname}", "ip", "link", "del", ifname,
-               ok_stderr=("Cannot find device",))
+    await _run(
+        sandbox_id,
+        f"delete veth {ifname}",
+        "ip",
+        "link",
+        "del",
+        ifname,
+        ok_stderr=("Cannot find device",),
+    )
 
 
 def _write_sysctl(path: str, value: str) -> None:
@@ -381,37 +414,115 @@ def _netns_inode(sandbox_id: str, pid: int) -> int:
     try:
         ino = os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError as exc:
-        raise NetworkError(f"sandbox {sandbox_id}: no network namespace for pid {pid}: "
-                           f"{exc.strerror}") from exc
+        raise NetworkError(
+            f"sandbox {sandbox_id}: no network namespace for pid {pid}: {exc.strerror}"
+        ) from exc
     if ino == os.stat("/proc/self/ns/net").st_ino:
         # Configuring "eth0" here would rewire the host itself.
-        raise NetworkError(f"sandbox {sandbox_id}: pid {pid} is in the host's network "
-                           "namespace; refusing to attach")
+        raise NetworkError(
+            f"sandbox {sandbox_id}: pid {pid} is in the host's network "
+            "namespace; refusing to attach"
+        )
     return ino
 
 
 async def _create_veth(att: NetworkAttachment) -> None:
     sid, ifn = att.sandbox_id, att.host_ifname
     # The peer is born inside the sandbox netns: it never exists on the host side.
-    await _run(sid, f"create veth {ifn}", "ip", "link", "add", ifn, "type", "veth", "peer",
-               "name", att.sandbox_ifname, "netns", str(att.pid))
+    await _run(
+        sid,
+        f"create veth {ifn}",
+        "ip",
+        "link",
+        "add",
+        ifn,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        att.sandbox_ifname,
+        "netns",
+        str(att.pid),
+    )
     base = f"/proc/sys/net/ipv6/conf/{ifn}/disable_ipv6"
     if os.path.exists(base):
         _write_sysctl(base, "1")
     # Per-interface forwarding: only packets received from this sandbox may be routed.
     _write_sysctl(f"/proc/sys/net/ipv4/conf/{ifn}/forwarding", "1")
-    await _run(sid, f"configure veth {ifn}", "ip", "-batch", "-", stdin=(
-        f"addr add {att.host_address}/{att.prefixlen} dev {ifn}\n"
-        f"link set {ifn} up\n"))
+    await _run(
+        sid,
+        f"configure veth {ifn}",
+        "ip",
+        "-batch",
+        "-",
+        stdin=(f"addr add {att.host_address}/{att.prefixlen} dev {ifn}\nlink set {ifn} up\n"),
+    )
     ns = f"--net=/proc/{att.pid}/ns/net"
     dev = att.sandbox_ifname
-    await _run(sid, "disable IPv6 in sandbox", "nsenter", ns, "sysctl", "-q", "-w",
-               f"net.ipv6.conf.{dev}.disable_ipv6=1", ok_stderr=("No such file",))
-    await _run(sid, f"configure {dev} in sandbox", "nsenter", ns, "ip", "-batch", "-", stdin=(
-        "link set lo up\n"
-        f"addr add {att.sandbox_address}/{att.prefixlen} dev {dev}\n"
-        f"link set {dev} up\n"
-        f"route replace default via {att.host_address} dev {dev}\n"))
+    await _run(
+        sid,
+        "disable IPv6 in sandbox",
+        "nsenter",
+        ns,
+        "sysctl",
+        "-q",
+        "-w",
+        f"net.ipv6.conf.{dev}.disable_ipv6=1",
+        ok_stderr=("No such file",),
+    )
+    await _run(
+        sid,
+        f"configure {dev} in sandbox",
+        "nsenter",
+        ns,
+        "ip",
+        "-batch",
+        "-",
+        stdin=(
+            "link set lo up\n"
+            f"addr add {att.sandbox_address}/{att.prefixlen} dev {dev}\n"
+            f"link set {dev} up\n"
+            f"route replace default via {att.host_address} dev {dev}\n"
+        ),
+    )
+    if att.rate_mbit is not None:
+        await _shape(att)
+
+
+def tbf_qdisc(dev: str, rate_mbit: int) -> str:
+    """A tc batch line: token bucket of ``rate_mbit`` on ``dev``'s egress.
+
+    The burst is 10 ms at that rate (at least 32 KiB so that one TSO segment
+    fits), the queue holds 50 ms; only this veth is shaped, never loopback.
+    """
+    burst = max(32 * 1024, rate_mbit * 1_000_000 // 8 // 100)
+    return f"qdisc replace dev {dev} root tbf rate {rate_mbit}mbit burst {burst} latency 50ms\n"
+
+
+async def _shape(att: NetworkAttachment) -> None:
+    """Limit both directions: the sandbox side's egress (what the agent sends, set
+    inside its netns, where it has no CAP_NET_ADMIN to undo it) and the host side's
+    egress (what it receives)."""
+    assert att.rate_mbit is not None
+    sid = att.sandbox_id
+    await _run(
+        sid,
+        f"shape {att.host_ifname}",
+        "tc",
+        "-batch",
+        "-",
+        stdin=tbf_qdisc(att.host_ifname, att.rate_mbit),
+    )
+    await _run(
+        sid,
+        f"shape {att.sandbox_ifname} in sandbox",
+        "nsenter",
+        f"--net=/proc/{att.pid}/ns/net",
+        "tc",
+        "-batch",
+        "-",
+        stdin=tbf_qdisc(att.sandbox_ifname, att.rate_mbit),
+    )
 
 
 async def _teardown(sandbox_id: str, slot: int) -> None:
@@ -433,8 +544,9 @@ async def _host_lock(sandbox_id: str) -> AsyncIterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise NetworkError(f"sandbox {sandbox_id}: timed out waiting for "
-                                       f"{LOCK_PATH}") from None
+                    raise NetworkError(
+                        f"sandbox {sandbox_id}: timed out waiting for {LOCK_PATH}"
+                    ) from None
                 await asyncio.sleep(0.005)
         yield
     finally:
@@ -449,8 +561,14 @@ def _check_id(sandbox_id: str) -> None:
 # ---------------------------------------------------------------- public API
 
 
-async def attach_network(sandbox_id: str, pid: int, egress: list[EgressRule],
-                         state_dir: Path) -> NetworkAttachment:
+async def attach_network(
+    sandbox_id: str,
+    pid: int,
+    egress: list[EgressRule],
+    state_dir: Path,
+    *,
+    rate_mbit: int | None = None,
+) -> NetworkAttachment:
     """Give the sandbox whose task is ``pid`` a veth and an egress allowlist (idempotent).
 
     Called again with the same pid it only replaces the rules (the quarantine
@@ -463,8 +581,12 @@ async def attach_network(sandbox_id: str, pid: int, egress: list[EgressRule],
     async with _host_lock(sandbox_id):
         table = load_table(state_dir)
         old = table.get(sandbox_id)
-        if old and old.pid == pid and old.netns_inode == inode \
-                and await _link_exists(sandbox_id, old.host_ifname):
+        if (
+            old
+            and old.pid == pid
+            and old.netns_inode == inode
+            and await _link_exists(sandbox_id, old.host_ifname)
+        ):
             return await _update_rules(state_dir, table, old.model_copy(update={"egress": egress}))
         if old:
             await _teardown(sandbox_id, old.slot)
@@ -475,23 +597,33 @@ async def attach_network(sandbox_id: str, pid: int, egress: list[EgressRule],
             slot = allocate_slot(sandbox_id, taken, names, addrs)
         host_addr, sb_addr = slot_addresses(slot)
         att = NetworkAttachment(
-            sandbox_id=sandbox_id, pid=pid, netns_inode=inode, slot=slot,
-            host_ifname=host_ifname(slot), host_address=host_addr, sandbox_address=sb_addr,
-            egress=egress, cut=old.cut if old else False)
+            sandbox_id=sandbox_id,
+            pid=pid,
+            netns_inode=inode,
+            slot=slot,
+            host_ifname=host_ifname(slot),
+            host_address=host_addr,
+            sandbox_address=sb_addr,
+            egress=egress,
+            cut=old.cut if old else False,
+            rate_mbit=rate_mbit,
+        )
         await _build(state_dir, table, att)
         return att
 
 
-async def _update_rules(state_dir: Path, table: dict[str, NetworkAttachment],
-                        att: NetworkAttachment) -> NetworkAttachment:
+async def _update_rules(
+    state_dir: Path, table: dict[str, NetworkAttachment], att: NetworkAttachment
+) -> NetworkAttachment:
     await _nft(att.sandbox_id, "replace nft rules", render_sandbox_rules(att))
     table[att.sandbox_id] = att
     save_table(state_dir, table)
     return att
 
 
-async def _build(state_dir: Path, table: dict[str, NetworkAttachment],
-                 att: NetworkAttachment) -> None:
+async def _build(
+    state_dir: Path, table: dict[str, NetworkAttachment], att: NetworkAttachment
+) -> None:
     """Rules first, then the link: the veth never carries a packet unfiltered."""
     try:
         await _nft(att.sandbox_id, "install nft rules", render_sandbox_rules(att))
@@ -503,8 +635,12 @@ async def _build(state_dir: Path, table: dict[str, NetworkAttachment],
         raise
 
 
-async def _rollback(state_dir: Path, table: dict[str, NetworkAttachment],
-                    att: NetworkAttachment, cause: BaseException) -> None:
+async def _rollback(
+    state_dir: Path,
+    table: dict[str, NetworkAttachment],
+    att: NetworkAttachment,
+    cause: BaseException,
+) -> None:
     try:
         await _teardown(att.sandbox_id, att.slot)
         if table.pop(att.sandbox_id, None) is not None or _state_path(state_dir).exists():
@@ -542,8 +678,9 @@ async def _set_cut(sandbox_id: str, state_dir: Path, cut: bool) -> NetworkAttach
         if att is None:
             verb = "cut" if cut else "restore"
             raise NetworkError(f"sandbox {sandbox_id}: cannot {verb} network: not attached")
-        await _nft(sandbox_id, "cut network" if cut else "restore network",
-                   render_cut(att.slot, cut))
+        await _nft(
+            sandbox_id, "cut network" if cut else "restore network", render_cut(att.slot, cut)
+        )
         att = att.model_copy(update={"cut": cut})
         table[sandbox_id] = att
         save_table(state_dir, table)

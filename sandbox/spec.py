@@ -12,12 +12,11 @@ host), and with ``workspace_mb`` a bind mount of the sandbox's volume
 cgroupsPath is ``/corral/<sandbox_id>``: with cgroupfs (v1 here) the leaf
 directory is the container id, which the sensor maps cgroup ids back with.
 
-User namespaces are not offered yet, and were not tried end to end in this
-cut. The expected blocker with runc 1.1.5 on this hybrid v1 host: runc needs
-uid/gid mappings *and* a rootfs owned by the mapped root, i.e. a chowned copy
-of every image snapshot per mapping (slow, doubles disk) or idmapped mounts,
-which runc only gained in 1.2. Until then uid 0 in the sandbox is uid 0 on
-the host, restricted by the capability set, seccomp and no_new_privs above.
+With ``user_namespace`` (the default) the sandbox also gets a user namespace
+whose ids 0..size-1 are an unprivileged host range (``sandbox.userns``); the
+rootfs is a chowned copy of the image for that range, because runc 1.1.5 has
+no idmapped rootfs. ``blockIO`` throttles the device that holds the writable
+layer (``sandbox.quota``) when the client knows it.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from typing import Any
 
 from sandbox.models import SandboxSpec, parse_user
 from sandbox.seccomp import seccomp_profile
+from sandbox.userns import IdMapping, UidPool
 
 OCI_VERSION = "1.0.2-dev"
 CPU_PERIOD_US = 100_000
@@ -117,13 +117,25 @@ def init_args(spec: SandboxSpec) -> list[str]:
     return list(spec.command)
 
 
-def build_oci_spec(sandbox_id: str, spec: SandboxSpec, *,
-                   workspace_source: str | None = None) -> dict[str, Any]:
+def build_oci_spec(
+    sandbox_id: str,
+    spec: SandboxSpec,
+    *,
+    workspace_source: str | None = None,
+    userns: IdMapping | None = None,
+    io_device: tuple[int, int] | None = None,
+) -> dict[str, Any]:
     """The full runtime spec (JSON-able dict) for one sandbox.
 
     ``workspace_source`` is the host directory (the mounted workspace volume)
-    bind-mounted at /workspace when ``spec.workspace_mb`` is set.
+    bind-mounted at /workspace when ``spec.workspace_mb`` is set; ``userns`` the
+    id mapping when ``spec.user_namespace`` is on (default: range
+    ``spec.userns_range`` of the default pool); ``io_device`` the (major, minor)
+    of the block device under the writable layer, throttled by
+    ``spec.io_bps_mb``/``spec.io_iops``.
     """
+    if spec.user_namespace and userns is None:
+        userns = UidPool().mapping(spec.userns_range)
     if spec.workspace_mb is not None and workspace_source is None:
         raise ValueError("workspace_mb is set: build_oci_spec needs workspace_source")
     oci: dict[str, Any] = {
@@ -134,7 +146,7 @@ def build_oci_spec(sandbox_id: str, spec: SandboxSpec, *,
         "root": {"path": "rootfs", "readonly": spec.read_only_root},
         "hostname": sandbox_id[:63],
         "mounts": _mounts(spec, workspace_source),
-        "linux": _linux(sandbox_id, spec),
+        "linux": _linux(sandbox_id, spec, userns if spec.user_namespace else None, io_device),
     }
     if spec.shim_group:
         # The runc v2 shim reads the group from the spec's annotations (not the
@@ -174,8 +186,14 @@ def build_process(
     }
 
 
-def exec_process(base: dict[str, Any], args: list[str], *, env: dict[str, str] | None,
-                 workdir: str | None, user: str | None) -> dict[str, Any]:
+def exec_process(
+    base: dict[str, Any],
+    args: list[str],
+    *,
+    env: dict[str, str] | None,
+    workdir: str | None,
+    user: str | None,
+) -> dict[str, Any]:
     """An exec's process, derived from PID 1's process object of a live sandbox."""
     process = dict(base)
     process["args"] = list(args)
@@ -209,41 +227,97 @@ def _tmpfs(destination: str, size_mb: int, *extra: str) -> dict[str, Any]:
 
 def _mounts(spec: SandboxSpec, workspace_source: str | None) -> list[dict[str, Any]]:
     mounts = [
-        {"destination": "/proc", "type": "proc", "source": "proc",
-         "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        {
+            "destination": "/proc",
+            "type": "proc",
+            "source": "proc",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+        },
         _tmpfs("/dev/shm", spec.tmpfs_mb, "noexec", "mode=1777"),
-        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-         "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-         "options": ["nosuid", "noexec", "nodev", "ro"]},
-        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-         "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+        {
+            "destination": "/dev/mqueue",
+            "type": "mqueue",
+            "source": "mqueue",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        {
+            "destination": "/sys/fs/cgroup",
+            "type": "cgroup",
+            "source": "cgroup",
+            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+        },
         _tmpfs("/tmp", spec.tmpfs_mb, "mode=1777"),
     ]
     if spec.init == "tini":
-        mounts.append({"destination": INIT_PATH, "type": "bind", "source": str(HOST_INIT),
-                       "options": ["rbind", "ro", "nosuid", "nodev"]})
+        mounts.append(
+            {
+                "destination": INIT_PATH,
+                "type": "bind",
+                "source": str(HOST_INIT),
+                "options": ["rbind", "ro", "nosuid", "nodev"],
+            }
+        )
     if workspace_source is not None:
-        mounts.append({"destination": WORKSPACE, "type": "bind", "source": workspace_source,
-                       "options": ["rbind", "rw", "nosuid", "nodev"]})
+        mounts.append(
+            {
+                "destination": WORKSPACE,
+                "type": "bind",
+                "source": workspace_source,
+                "options": ["rbind", "rw", "nosuid", "nodev"],
+            }
+        )
     return mounts
 
 
-def _resources(spec: SandboxSpec) -> dict[str, Any]:
+def _block_io(spec: SandboxSpec, device: tuple[int, int] | None) -> dict[str, Any]:
+    """cgroup v1 blkio throttles (bytes and IOs per second, read and write) on one device."""
+    if device is None:
+        return {}
+    major, minor = device
+    limits: dict[str, Any] = {}
+    for key, rate in (("Bps", spec.io_bps_mb and spec.io_bps_mb * MIB), ("IOPS", spec.io_iops)):
+        if rate:
+            entry = [{"major": major, "minor": minor, "rate": rate}]
+            limits[f"throttleRead{key}Device"] = entry
+            limits[f"throttleWrite{key}Device"] = entry
+    return {"blockIO": limits} if limits else {}
+
+
+def _resources(spec: SandboxSpec, io_device: tuple[int, int] | None) -> dict[str, Any]:
     memory = spec.memory_mb * MIB
     cpu: dict[str, Any] = {"quota": int(spec.cpu_cores * CPU_PERIOD_US), "period": CPU_PERIOD_US}
     if spec.cpu_shares is not None:
         cpu["shares"] = spec.cpu_shares
     return {
+        **_block_io(spec, io_device),
         "devices": [
             {"allow": False, "access": "rwm"},
             *(
-                {"allow": True, "type": "c", "major": major, "access": "rwm",
-                 **({"minor": minor} if minor is not None else {})}
+                {
+                    "allow": True,
+                    "type": "c",
+                    "major": major,
+                    "access": "rwm",
+                    **({"minor": minor} if minor is not None else {}),
+                }
                 for major, minor in ALLOWED_DEVICES
             ),
         ],
@@ -254,12 +328,20 @@ def _resources(spec: SandboxSpec) -> dict[str, Any]:
     }
 
 
-def _linux(sandbox_id: str, spec: SandboxSpec) -> dict[str, Any]:
-    return {
+def _linux(
+    sandbox_id: str, spec: SandboxSpec, userns: IdMapping | None, io_device: tuple[int, int] | None
+) -> dict[str, Any]:
+    namespaces = ["pid", "ipc", "uts", "mount", "network"]
+    linux: dict[str, Any] = {
         "cgroupsPath": cgroups_path(sandbox_id),
-        "resources": _resources(spec),
-        "namespaces": [{"type": ns} for ns in ("pid", "ipc", "uts", "mount", "network")],
+        "resources": _resources(spec, io_device),
         "maskedPaths": MASKED_PATHS,
         "readonlyPaths": READONLY_PATHS,
         "seccomp": seccomp_profile(),
     }
+    if userns is not None:
+        namespaces.append("user")
+        linux["uidMappings"] = userns.oci()
+        linux["gidMappings"] = userns.oci()
+    linux["namespaces"] = [{"type": ns} for ns in namespaces]
+    return linux

@@ -30,7 +30,7 @@ def spec(**fields: object) -> SandboxSpec:
 def test_namespaces_and_cgroup_path() -> None:
     oci = build_oci_spec("sb-1", spec())
     kinds = {ns["type"] for ns in oci["linux"]["namespaces"]}
-    assert kinds == {"pid", "ipc", "uts", "mount", "network"}
+    assert kinds == {"pid", "ipc", "uts", "mount", "network", "user"}
     assert all("path" not in ns for ns in oci["linux"]["namespaces"])  # fresh ones
     assert oci["linux"]["cgroupsPath"] == "/corral/sb-1"
     assert oci["linux"]["cgroupsPath"].rsplit("/", 1)[1] == "sb-1"  # leaf = container id

@@ -1,0 +1,206 @@
+"""A disk quota on each sandbox's whole writable layer: btrfs subvolumes with qgroup limits.
+
+Why btrfs: this kernel has neither ``CONFIG_QUOTA`` (ext4 ``prjquota`` fails to
+mount) nor XFS quota support ("quota support not available in this kernel"),
+but btrfs qgroups are btrfs's own accounting and work. containerd 1.6's
+overlayfs snapshotter has no quota of its own, so:
+
+* ``ContainerdDaemon`` keeps the snapshotter's directory
+  (``<root>/io.containerd.snapshotter.v1.overlayfs``) on a btrfs filesystem in
+  a sparse image file beside it (``snapshots.btrfs``), loop-mounted, quotas on
+  (``ensure_quota_fs``). Image layers live there too; the file only grows by
+  what is written.
+* After ``Snapshots.Prepare`` the client swaps the new snapshot's empty upper
+  directory (``.../snapshots/<n>/fs``) for a btrfs subvolume of the same name
+  and sets a qgroup limit on it (``limit_upper``): everything the sandbox
+  writes to ``/`` (copy-ups included) is charged there; past the limit writes
+  fail with EDQUOT ("Disk quota exceeded") inside that sandbox only.
+* containerd's ``Remove`` deletes the directory as before (``rmdir`` of an
+  empty subvolume is allowed), so teardown is unchanged.
+
+Cost per sandbox: two ioctls (subvolume create, qgroup limit), no process, no
+mount, no loop device. The ioctl numbers and structs are the kernel's UAPI
+(``linux/btrfs.h``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import struct
+from pathlib import Path
+
+from sandbox.errors import SandboxError
+
+SNAPSHOTTER_DIR = "io.containerd.snapshotter.v1.overlayfs"
+IMAGE_NAME = "snapshots.btrfs"
+DEFAULT_FS_GB = 256  # sparse: the host disk only holds what is written
+COMMAND_TIMEOUT_S = 120.0
+
+_BTRFS_MAGIC = 0x94
+_VOL_ARGS_SIZE = 4096  # struct btrfs_ioctl_vol_args: __s64 fd; char name[4088]
+_QGROUP_LIMIT_FMT = "=QQQQQQ"  # qgroupid; btrfs_qgroup_limit: flags, max_rfer, max_excl, rsv x2
+_QUOTA_CTL_FMT = "=QQ"  # cmd, status
+_QGROUP_LIMIT_MAX_RFER = 1
+_QUOTA_CTL_ENABLE = 1
+
+
+def _ioc(direction: int, number: int, size: int) -> int:
+    return (direction << 30) | (size << 16) | (_BTRFS_MAGIC << 8) | number
+
+
+_IOC_WRITE, _IOC_READ = 1, 2
+BTRFS_IOC_SUBVOL_CREATE = _ioc(_IOC_WRITE, 14, _VOL_ARGS_SIZE)
+BTRFS_IOC_QUOTA_CTL = _ioc(_IOC_READ | _IOC_WRITE, 40, struct.calcsize(_QUOTA_CTL_FMT))
+BTRFS_IOC_QGROUP_LIMIT = _ioc(_IOC_READ, 43, struct.calcsize(_QGROUP_LIMIT_FMT))
+
+
+class QuotaError(SandboxError):
+    """The quota filesystem or a sandbox's limit could not be set up; the message says which."""
+
+
+def mount_entry(path: Path) -> tuple[str, str] | None:
+    """(fstype, source) of the mount whose mount point is exactly ``path``, or None."""
+    target = str(path.resolve())
+    found = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4].replace("\\040", " ") == target:
+            tail = fields[fields.index("-") + 1 :]
+            found = (tail[0], tail[1])  # the last one wins: it is the one on top
+    return found
+
+
+def snapshotter_root(containerd_root: Path) -> Path:
+    return containerd_root / SNAPSHOTTER_DIR
+
+
+def has_quota_fs(containerd_root: Path) -> bool:
+    """Whether the overlay snapshotter's directory is on a btrfs mount (ours)."""
+    entry = mount_entry(snapshotter_root(containerd_root))
+    return entry is not None and entry[0] == "btrfs"
+
+
+def block_device(containerd_root: Path) -> tuple[int, int] | None:
+    """(major, minor) of the loop device under the snapshotter: blkio throttles that one."""
+    entry = mount_entry(snapshotter_root(containerd_root))
+    if entry is None or not entry[1].startswith("/dev/"):
+        return None
+    try:
+        rdev = os.stat(entry[1]).st_rdev
+    except OSError:
+        return None
+    return os.major(rdev), os.minor(rdev)
+
+
+def limit_upper(upper: Path, size_mb: int, owner: tuple[int, int]) -> None:
+    """Make ``upper`` (an empty snapshot upper dir) a subvolume limited to ``size_mb``.
+
+    ``owner`` is the host (uid, gid) of the sandbox's root: the overlay's root
+    directory takes the upper dir's owner.
+    """
+    try:
+        upper.rmdir()  # empty: containerd just made it
+        _create_subvolume(upper.parent, upper.name)
+        os.chown(upper, *owner)
+        os.chmod(upper, 0o755)
+        fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            args = bytearray(
+                struct.pack(
+                    _QGROUP_LIMIT_FMT, 0, _QGROUP_LIMIT_MAX_RFER, size_mb * 1024 * 1024, 0, 0, 0
+                )
+            )
+            fcntl.ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, args)  # qgroupid 0: fd's own subvolume
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise QuotaError(f"disk quota on {upper}: {exc.strerror or exc}") from exc
+
+
+def _create_subvolume(parent: Path, name: str) -> None:
+    args = bytearray(_VOL_ARGS_SIZE)
+    encoded = name.encode()
+    args[8 : 8 + len(encoded)] = encoded
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, BTRFS_IOC_SUBVOL_CREATE, args)
+    finally:
+        os.close(fd)
+
+
+def _enable_quota(mount_point: Path) -> None:
+    fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(
+            fd, BTRFS_IOC_QUOTA_CTL, bytearray(struct.pack(_QUOTA_CTL_FMT, _QUOTA_CTL_ENABLE, 0))
+        )
+    finally:
+        os.close(fd)
+
+
+async def run_tool(what: str, *argv: str, error: type[SandboxError] = QuotaError) -> str:
+    """Run a host tool; raise ``error`` naming ``what`` and its first stderr line on failure."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise error(f"{what}: cannot run {argv[0]}: {exc}") from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise error(f"{what}: {argv[0]} timed out") from exc
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        raise error(f"{what} failed: {lines[0] if lines else f'exit status {proc.returncode}'}")
+    return out.decode()
+
+
+async def ensure_quota_fs(
+    containerd_root: Path, image_dir: Path, size_gb: int = DEFAULT_FS_GB
+) -> bool:
+    """Mount the snapshotter's btrfs (made on first use) with quotas on; idempotent.
+
+    Returns False, touching nothing, when the snapshotter directory already
+    holds snapshots on another filesystem (a state dir from before quotas):
+    sandboxes there cannot get a disk quota.
+    """
+    target = snapshotter_root(containerd_root)
+    if has_quota_fs(containerd_root):
+        return True
+    if target.is_dir() and any(target.iterdir()):
+        return False
+    image = image_dir / IMAGE_NAME
+    target.mkdir(parents=True, exist_ok=True)
+    if not image.exists():
+        with open(image, "wb") as handle:
+            handle.truncate(size_gb * 1024**3)
+        await run_tool("quota filesystem: mkfs", "mkfs.btrfs", "-q", "-f", str(image))
+    # A stack restarted while sandboxes still use the old (lazily unmounted) mount:
+    # reuse its loop device, since a second one on the same file would be a second,
+    # diverging btrfs on the same bytes.
+    attached = (
+        await run_tool(
+            "quota filesystem: find loop device", "losetup", "-n", "-O", "NAME", "-j", str(image)
+        )
+    ).split()
+    source = attached[0] if attached else str(image)
+    options = "noatime" if attached else "loop,noatime"
+    await run_tool(
+        "quota filesystem: mount", "mount", "-t", "btrfs", "-o", options, source, str(target)
+    )
+    try:
+        _enable_quota(target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            await run_tool("quota filesystem: unmount", "umount", "-l", str(target))
+        raise QuotaError(f"quota filesystem: enable qgroups on {target}: {exc.strerror}") from exc
+    return True

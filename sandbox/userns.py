@@ -1,0 +1,180 @@
+"""User namespaces: root in a sandbox is an unprivileged uid range on the host.
+
+What works here (runc 1.1.5, crun 1.8.1, containerd 1.6.20, kernel 6.18):
+runc 1.1 takes ``uidMappings``/``gidMappings`` but has no idmapped rootfs
+(that came in runc 1.2), and containerd 1.6's overlay snapshotter cannot remap
+either, so the rootfs must be *owned* by the mapped ids. As containerd's own
+``ctr run --remap-labels`` does, each image gets a chowned copy once per uid
+range: a snapshot prepared on the image's chain, every entry shifted by the
+range's first host id, committed as ``<chain id>@userns-<host id>``
+(``remapped_parent``). Every sandbox of that range then prepares its writable
+layer on that commit, exactly as before on the image: no per-sandbox cost.
+The chowned copy costs one copy-up of the image (about the image's size on
+disk) per range, which is why ranges are per tenant, not per sandbox.
+
+Ranges come from a pool (``UidPool``): ``ranges`` blocks of ``size`` ids
+from ``start`` (default 1,000,000,000: above Debian's login uids (< 60,000)
+and its subordinate-id allocations (100,000 to 600,100,000)). A sandbox's
+``SandboxSpec.userns_range`` picks its block; ``range_for_tenant`` gives each
+tenant a stable one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import InvalidSpec, SandboxError
+from sandbox.quota import run_tool
+
+DEFAULT_START = 1_000_000_000
+DEFAULT_SIZE = 65536
+DEFAULT_RANGES = 1024
+# Keeps the committed copy from containerd's garbage collector between sandboxes.
+GC_ROOT_LABEL = "containerd.io/gc.root"
+REMAP_LABEL = "corral.userns"
+
+
+class UsernsError(SandboxError):
+    """The remapped copy of an image could not be made; the message names the step."""
+
+
+@dataclass(frozen=True)
+class IdMapping:
+    """Sandbox ids 0..size-1 are host ids host_id..host_id+size-1 (uids and gids alike)."""
+
+    host_id: int
+    size: int
+
+    def oci(self) -> list[dict[str, int]]:
+        return [{"containerID": 0, "hostID": self.host_id, "size": self.size}]
+
+    def to_host(self, sandbox_id: int) -> int:
+        return self.host_id + sandbox_id
+
+    def to_sandbox(self, host_id: int) -> int | None:
+        inside = host_id - self.host_id
+        return inside if 0 <= inside < self.size else None
+
+    @property
+    def snapshot_suffix(self) -> str:
+        return f"@userns-{self.host_id}-{self.size}"
+
+
+@dataclass(frozen=True)
+class UidPool:
+    """The node's host id ranges for sandboxes (``temporal-dev.yaml`` ``sandbox.userns``)."""
+
+    start: int = DEFAULT_START
+    size: int = DEFAULT_SIZE
+    ranges: int = DEFAULT_RANGES
+
+    def __post_init__(self) -> None:
+        if self.start < 65536 or self.size < 65536 or self.ranges < 1:
+            raise ValueError(
+                f"uid pool start {self.start}, size {self.size}, ranges "
+                f"{self.ranges}: want start >= 65536, size >= 65536, ranges >= 1"
+            )
+        if self.start + self.size * self.ranges > 2**32 - 1:
+            raise ValueError(
+                f"uid pool start {self.start} + {self.ranges} x {self.size} ids passes 2^32-1"
+            )
+
+    def mapping(self, index: int) -> IdMapping:
+        if not 0 <= index < self.ranges:
+            raise InvalidSpec(
+                f"userns_range {index} is outside the node's pool (0..{self.ranges - 1})"
+            )
+        return IdMapping(self.start + index * self.size, self.size)
+
+
+def range_for_tenant(tenant: str, ranges: int) -> int:
+    """A stable range index for ``tenant`` (its sandboxes share one remapped image copy)."""
+    return int.from_bytes(hashlib.sha256(tenant.encode()).digest()[:8], "big") % ranges
+
+
+def check_opt_out(user_namespace: bool, tenant: str, tenant_allows: bool) -> None:
+    """The admission gate for ``user_namespace: false``: only tenants allowed to."""
+    if not user_namespace and not tenant_allows:
+        raise InvalidSpec(
+            f"user_namespace: false is not allowed for tenant {tenant!r} "
+            "(its config needs allow_host_root: true)"
+        )
+
+
+def host_owner(mapping: IdMapping | None, user: tuple[int, int]) -> tuple[int, int]:
+    """Host (uid, gid) of a sandbox (uid, gid): what volumes and upper dirs are chowned to."""
+    if mapping is None:
+        return user
+    return mapping.to_host(user[0]), mapping.to_host(user[1])
+
+
+def shift_tree(root: Path, mapping: IdMapping) -> int:
+    """lchown every entry under ``root`` (itself included) by the mapping; keep modes.
+
+    chown clears setuid/setgid bits, so each non-link's mode is restored: a
+    setuid binary of the image stays setuid for the sandbox's own root.
+    Returns the number of entries shifted.
+    """
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            if name != "." and stat.S_ISDIR(info.st_mode) and not os.path.islink(path):
+                continue  # directories are shifted as "." of their own walk step
+            uid = mapping.to_host(info.st_uid) if info.st_uid < mapping.size else info.st_uid
+            gid = mapping.to_host(info.st_gid) if info.st_gid < mapping.size else info.st_gid
+            os.lchown(path, uid, gid)
+            if not stat.S_ISLNK(info.st_mode):
+                os.chmod(path, stat.S_IMODE(info.st_mode))
+            count += 1
+    return count
+
+
+def mount_argv(mounts: Sequence[Any], target: Path) -> list[str]:
+    """``mount`` argv for the one mount a snapshot Prepare returns (overlay or bind)."""
+    if len(mounts) != 1:
+        raise UsernsError(f"remap image: expected one snapshot mount, got {len(mounts)}")
+    mount = mounts[0]
+    options = ",".join(mount.options)
+    return ["mount", "-t", mount.type, "-o", options, mount.source, str(target)]
+
+
+async def shift_mounted(mounts: Sequence[Any], mapping: IdMapping, scratch: Path) -> int:
+    """Mount a prepared snapshot under ``scratch``, shift its tree, unmount."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(prefix="remap-", dir=scratch))
+    try:
+        await run_tool("remap image: mount", *mount_argv(mounts, target), error=UsernsError)
+        try:
+            return await asyncio.to_thread(shift_tree, target, mapping)
+        finally:
+            await run_tool("remap image: unmount", "umount", str(target), error=UsernsError)
+    finally:
+        with contextlib.suppress(OSError):
+            target.rmdir()
+
+
+def sandbox_uid(pid: int, host_uid: int) -> int:
+    """``host_uid`` as the process ``pid`` sees it (its user namespace's uid_map); -1 if unmapped.
+
+    What a sensor needs to report ``user.uid`` as seen inside a sandbox.
+    """
+    try:
+        lines = Path(f"/proc/{pid}/uid_map").read_text().splitlines()
+    except OSError:
+        return host_uid
+    for line in lines:
+        inside, outside, count = (int(x) for x in line.split())
+        if outside <= host_uid < outside + count:
+            return inside + host_uid - outside
+    return -1

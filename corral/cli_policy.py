@@ -27,12 +27,26 @@ def policy() -> None:
 @policy.command("validate")
 @click.argument("files", nargs=-1, type=_FILE)
 @click.option("--responses", type=_FILE, default=None, help="Also check a responses file.")
+@click.option(
+    "--allow-unsupported",
+    is_flag=True,
+    help="Exit 0 even if a rule needs a field this sensor does not serve (it is reported).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
-def validate(ctx: Context, files: tuple[Path, ...], responses: Path | None, as_json: bool) -> None:
-    """Load FILES in order (default: the stack's rules) and report each rule's support."""
+def validate(
+    ctx: Context,
+    files: tuple[Path, ...],
+    responses: Path | None,
+    allow_unsupported: bool,
+    as_json: bool,
+) -> None:
+    """Load FILES in order (default: the stack's rules) and report each rule's support.
+
+    Exits non-zero on what Falco refuses and on rules this engine cannot
+    evaluate (unless --allow-unsupported); Falco's warnings are printed."""
     paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
-    report = validate_files(paths, default_registry())
+    report = validate_files(paths, default_registry(), allow_unsupported=allow_unsupported)
     if responses is not None:
         from policies.responses import load_responses
 
@@ -56,8 +70,10 @@ def _print_report(report: ValidationReport) -> None:
         types = "all" if r.event_types is None else ",".join(r.event_types)[:40]
         table.add_row(r.name, f"[{colour}]{r.status}[/]", r.priority, types, r.reason or "")
     out.print(table)
-    for err in report.errors:
-        out.print(f"[red]error:[/] {err}", markup=True)
+    for warning in report.warnings:
+        out.print(f"warning: {warning}", markup=False, highlight=False)
+    for line in report.error_lines():
+        out.print(line, style="red", markup=False, highlight=False)
     counts = report.counts()
     out.print("  ".join(f"{k}: {v}" for k, v in counts.items()))
 

@@ -46,7 +46,7 @@ import aiohttp
 
 from policies.alert import KEPT_FIELDS, Alert
 from policies.falco.engine import Match, RuleEngine
-from policies.falco.event import ContainerInfo, Event
+from policies.falco.event import ContainerInfo, Event, MountInfo, mounts_from_spec
 from policies.falco.fields import default_registry
 from sandbox.errors import CorralError
 from workers.config import StackConfig, load_config
@@ -267,7 +267,7 @@ class NodeContainers:
         for info in infos:
             labels = dict(info.labels)
             old = self.known.get(info.id)
-            ci = old or ContainerInfo(full_id=info.id)
+            ci = old or ContainerInfo(full_id=info.id, mounts=await self._mounts(info.id))
             ci.name = labels.get("corral.workflow_id", info.id[:12])
             ci.image = info.image
             ci.labels = labels
@@ -277,6 +277,21 @@ class NodeContainers:
         gone = set(self.known) - set(seen)
         self.known = seen
         return gone
+
+    async def _mounts(self, sandbox_id: str) -> list[MountInfo]:
+        """The mounts of the sandbox's OCI spec (Falco's container.mount* fields)."""
+        from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
+
+        conn = self._client.connection
+        try:
+            resp = await conn.containers.Get(
+                containers_pb2.GetContainerRequest(id=sandbox_id), metadata=conn.md()
+            )
+            spec = json.loads(resp.container.spec.value or b"{}")
+        except Exception as err:  # gone since the listing, or a spec we cannot read
+            log.debug("no mounts for %s: %s", sandbox_id[:12], err)
+            return []
+        return mounts_from_spec(spec.get("mounts") or [])
 
     async def close(self) -> None:
         if self._client is not None:

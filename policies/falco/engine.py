@@ -124,10 +124,13 @@ class Match:
 class Ruleset:
     """Compiled rules plus what the loader and compiler had to say."""
 
-    def __init__(self, load: LoadResult, entries: list[RuleEntry], errors: list[str]) -> None:
+    def __init__(
+        self, load: LoadResult, entries: list[RuleEntry], failures: list[RuleLoadError]
+    ) -> None:
         self.load = load
         self.entries = entries
-        self.errors = errors
+        self.failures = failures  # with their Falco error codes
+        self.errors = [str(f) for f in failures]
         self.active = [e for e in entries if e.status is RuleStatus.SUPPORTED]
         self._by_type: dict[str | None, tuple[RuleEntry, ...]] = {}
 
@@ -171,19 +174,19 @@ class _Builder:
         self.registry = registry
         self.strict = strict
         self.expander = Expander(load.lists, load.macros)
-        self.errors: list[str] = []
+        self.failures: list[RuleLoadError] = []
 
     def build(self) -> Ruleset:
         self._check_macros()
         rules = sorted(self.load.rules.values(), key=lambda r: r.index)
         entries = [self._entry(r) for r in rules]
         self._warn_unused(entries)
-        return Ruleset(self.load, entries, self.errors)
+        return Ruleset(self.load, entries, self.failures)
 
     def _fail(self, err: RuleLoadError) -> None:
         if self.strict:
             raise err
-        self.errors.append(str(err))
+        self.failures.append(err)
 
     def _check_macros(self) -> None:
         # Falco parses and resolves every macro, used or not.

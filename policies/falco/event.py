@@ -21,6 +21,38 @@ from typing import Any
 HOST_CONTAINER_ID = "host"  # Falco's container.id for events outside containers
 
 
+@dataclass(frozen=True, slots=True)
+class MountInfo:
+    """One mount of a container, as Falco's container plugin reports it."""
+
+    source: str
+    dest: str
+    mode: str = "rw"
+    rdonly: bool = False
+    propagation: str = "rprivate"
+
+    def falco_text(self) -> str:
+        """``source:dest:mode:rdonly:propagation`` (Falco's container.mount format)."""
+        rdonly = "true" if self.rdonly else "false"
+        return f"{self.source}:{self.dest}:{self.mode}:{rdonly}:{self.propagation}"
+
+
+_PROPAGATIONS = ("rprivate", "private", "rshared", "shared", "rslave", "slave")
+
+
+def mounts_from_spec(spec_mounts: list[dict[str, Any]]) -> list[MountInfo]:
+    """The ``mounts`` of an OCI runtime spec (containerd's container record)."""
+    found: list[MountInfo] = []
+    for m in spec_mounts:
+        options = [str(o) for o in m.get("options") or []]
+        rdonly = "ro" in options
+        propagation = next((o for o in options if o in _PROPAGATIONS), "rprivate")
+        mode = "ro" if rdonly else "rw"
+        found.append(MountInfo(str(m.get("source", "")), str(m.get("destination", "")), mode,
+                               rdonly, propagation))  # fmt: skip
+    return found
+
+
 @dataclass(slots=True)
 class ContainerInfo:
     full_id: str
@@ -29,7 +61,7 @@ class ContainerInfo:
     labels: dict[str, str] = field(default_factory=dict)
     start_ts: int | None = None  # ns since epoch
     privileged: bool = False  # sandboxes are never privileged
-    mounts: list[str] = field(default_factory=list)
+    mounts: list[MountInfo] = field(default_factory=list)
 
     @property
     def id(self) -> str:

@@ -10,7 +10,9 @@ compiler relies on:
   end" socket fields ``fd.ip``, ``fd.net``, ``fd.port``, ``fd.proto``): a
   comparison holds when it holds for one element. Those fields are registered
   with their element type (``string``, ``ipaddr``, ``port``...), except
-  ``fd.types`` and ``container.mounts`` which are ``list``.
+  ``fd.types``.
+* ``container.mount*`` (Falco's container plugin) come from the mounts of
+  the container's OCI spec as containerd holds it.
 * ``ipaddr`` and ``ipnet`` values are address strings (``"10.0.0.1"``); an
   ``ipnet`` field (``fd.net``, ``fd.snet``...) is compared by containment of
   that address in the rule's CIDR.
@@ -22,13 +24,14 @@ compiler relies on:
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-from policies.falco.event import HOST_CONTAINER_ID, Event, FdInfo, Process
+from policies.falco.event import HOST_CONTAINER_ID, Event, FdInfo, MountInfo, Process
 from policies.falco.fieldapi import ArgKind, Extractor, FieldRegistry, FieldSpec, FieldType
 from policies.sensor import flags as fl
 
@@ -543,7 +546,33 @@ def _container_fields() -> list[FieldSpec]:
         FieldSpec("container.image.id", S, _c(lambda c: _image_parts(c.image)[2])),
         FieldSpec("container.type", S, _c(lambda c: "containerd")),
         FieldSpec("container.privileged", B, _c(lambda c: c.privileged)),
-        FieldSpec("container.mounts", L, _c(lambda c: list(c.mounts))),
+        FieldSpec(
+            "container.mounts", S, _c(lambda c: " ".join(m.falco_text() for m in c.mounts) or None)
+        ),
+        FieldSpec(
+            "container.mount",
+            S,
+            _mount_field(MountInfo.falco_text, "none"),
+            REQ,
+            "one mount by index or source glob: source:dest:mode:rdonly:propagation",
+        ),
+        FieldSpec(
+            "container.mount.source",
+            S,
+            _mount_field(lambda m: m.source, by="dest"),
+            REQ,
+            "a mount's source, by index or destination glob",
+        ),
+        FieldSpec(
+            "container.mount.dest",
+            S,
+            _mount_field(lambda m: m.dest),
+            REQ,
+            "a mount's destination, by index or source glob",
+        ),
+        FieldSpec("container.mount.mode", S, _mount_field(lambda m: m.mode), REQ),
+        FieldSpec("container.mount.rdonly", B, _mount_field(lambda m: m.rdonly), REQ),
+        FieldSpec("container.mount.propagation", S, _mount_field(lambda m: m.propagation), REQ),
         FieldSpec("container.start_ts", ABS, _c(lambda c: c.start_ts)),
         FieldSpec("container.duration", REL, _plain(_container_duration)),
         FieldSpec("container.label", S, _label, OPT, "container label by key"),
@@ -555,6 +584,26 @@ def _container_fields() -> list[FieldSpec]:
         FieldSpec("container.host_network", B, _c(lambda c: False)),
         FieldSpec("container.host_ipc", B, _c(lambda c: False)),
     ]
+
+
+def _find_mount(mounts: list[MountInfo], a: Arg, by: str) -> MountInfo | None:
+    """By index (``[0]``) or by the first mount whose ``by`` path matches a glob."""
+    if isinstance(a, int):
+        return mounts[a] if 0 <= a < len(mounts) else None
+    pattern = str(a)
+    return next((m for m in mounts if fnmatch.fnmatchcase(getattr(m, by), pattern)), None)
+
+
+def _mount_field(
+    get: Callable[[MountInfo], Any], missing: Any = None, by: str = "source"
+) -> Extractor:
+    def ext(e: Event, a: Arg) -> Any:
+        if e.container is None:
+            return None
+        mount = _find_mount(e.container.mounts, a, by)
+        return missing if mount is None else get(mount)
+
+    return ext
 
 
 def _container_duration(e: Event) -> int | None:

@@ -3,7 +3,12 @@
 ``validate_files`` is what ``corral policy validate`` reports: per rule, is it
 supported by this engine, unsupported (and why: unknown field, unsupported
 source, unsupported operator), disabled, or in error; plus file-level load
-errors and the loader's warnings.
+errors and the loader's warnings, each one line with Falco's result code
+(``LOAD_ERR_*`` for errors, ``LOAD_*`` for warnings) and ``file:line``.
+
+A rule the engine cannot evaluate (a field this sensor does not serve) fails
+validation like an error unless unsupported rules are allowed: the sensor
+refuses to start with it. Rules of another source only warn, as in Falco.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from policies.falco.engine import RuleEntry, Ruleset, RuleStatus
 from policies.falco.fieldapi import FieldRegistry
-from policies.falco.loader import RuleLoadError, load_files
+from policies.falco.loader import COMPILE_CONDITION, SYSCALL_SOURCE, RuleLoadError, load_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,7 @@ class RuleReport:
     event_types: list[str] | None  # None: every event type (or all but some)
     missing_fields: list[str]
     missing_output_fields: list[str]
+    syscall: bool = True  # the syscall source (other sources are skipped, as by Falco)
 
 
 @dataclass
@@ -37,11 +43,29 @@ class ValidationReport:
     rules: list[RuleReport] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    allow_unsupported: bool = False
+
+    @property
+    def unevaluable(self) -> list[RuleReport]:
+        """Syscall rules the engine cannot evaluate (the sensor would refuse them)."""
+        return [r for r in self.rules if r.status is RuleStatus.UNSUPPORTED and r.syscall]
 
     @property
     def ok(self) -> bool:
-        """No load errors and no rule in error (unsupported rules are not errors)."""
-        return not self.errors and all(r.status is not RuleStatus.ERROR for r in self.rules)
+        """No load errors, no rule in error, and (unless allowed) none unevaluable."""
+        if self.errors or any(r.status is RuleStatus.ERROR for r in self.rules):
+            return False
+        return self.allow_unsupported or not self.unevaluable
+
+    def error_lines(self) -> list[str]:
+        """Errors, then the unevaluable rules (as errors unless allowed), one line each."""
+        kind = "warning" if self.allow_unsupported else "error"
+        unsupported = [
+            f"{kind}: {_where(r)}: rule '{r.name}': cannot be evaluated here: {r.reason} "
+            f"({COMPILE_CONDITION})"
+            for r in self.unevaluable
+        ]
+        return [f"error: {e}" for e in self.errors] + unsupported
 
     def counts(self) -> dict[str, int]:
         found = Counter(r.status.value for r in self.rules)
@@ -61,6 +85,7 @@ class ValidationReport:
             "counts": self.counts(),
             "rules": [asdict(r) | {"status": r.status.value} for r in self.rules],
             "errors": list(self.errors),
+            "unevaluable": [r.name for r in self.unevaluable],
             "warnings": list(self.warnings),
         }
 
@@ -77,21 +102,34 @@ def _report(entry: RuleEntry) -> RuleReport:
         event_types=sorted(types.names) if types.finite else None,
         missing_fields=list(entry.missing_fields),
         missing_output_fields=sorted(set(entry.output.unknown_fields)) if entry.output else [],
+        syscall=entry.info.source == SYSCALL_SOURCE,
     )
 
 
-def validate_ruleset(ruleset: Ruleset) -> ValidationReport:
+def _where(r: RuleReport) -> str:
+    return r.file if r.line is None else f"{r.file}:{r.line}"
+
+
+def _coded(text: str, code: str) -> str:
+    return f"{text} ({code})"
+
+
+def validate_ruleset(ruleset: Ruleset, *, allow_unsupported: bool = False) -> ValidationReport:
     return ValidationReport(
         rules=[_report(e) for e in ruleset.entries],
-        errors=list(ruleset.errors),
-        warnings=[str(w) for w in ruleset.warnings],
+        errors=[_coded(str(f), f.code) for f in ruleset.failures],
+        warnings=[_coded(str(w), w.code) for w in ruleset.warnings],
+        allow_unsupported=allow_unsupported,
     )
 
 
-def validate_files(paths: Sequence[Path | str], registry: FieldRegistry) -> ValidationReport:
+def validate_files(
+    paths: Sequence[Path | str], registry: FieldRegistry, *, allow_unsupported: bool = False
+) -> ValidationReport:
     """Load and compile leniently; a file that cannot be loaded is one load error."""
     try:
         load = load_files(paths)
     except RuleLoadError as e:
-        return ValidationReport(errors=[str(e)])
-    return validate_ruleset(Ruleset.build(load, registry, strict=False))
+        return ValidationReport(errors=[_coded(str(e), e.code)])
+    ruleset = Ruleset.build(load, registry, strict=False)
+    return validate_ruleset(ruleset, allow_unsupported=allow_unsupported)

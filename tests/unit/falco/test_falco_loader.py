@@ -359,7 +359,7 @@ def test_enabled_toggle_and_disabled_rules() -> None:
 
 def test_disabled_rule_is_compiled_like_falco() -> None:
     # Falco compiles disabled rules too (they can be enabled at run time).
-    with pytest.raises(UnknownFieldError, match="k8s.pod.name"):
+    with pytest.raises(UnknownFieldError, match=r"k8s\.pod\.name"):
         ruleset(rule("r", "k8s.pod.name = x") + "  enabled: false\n")
     entry = ruleset(rule("r", "proc.name = x") + "  enabled: false\n").get("r")
     assert entry is not None and entry.status is RuleStatus.DISABLED

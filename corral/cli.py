@@ -103,18 +103,31 @@ def cli(ctx: click.Context, config_path: Path | None) -> None:
 # ----------------------------------------------------------------- the stack
 @cli.command()
 @click.option("--nodes", type=click.IntRange(1, 16), default=None, help="Sandbox nodes to run.")
+@click.option(
+    "--role",
+    type=click.Choice(["all", "control"]),
+    default="all",
+    help="all: everything here; control: Temporal, workflow worker, intake, janitor "
+    "(nodes join with `corral node up`).",
+)
+@click.option(
+    "--isolated", is_flag=True, help="Each node in its own network namespace (a fleet on one host)."
+)
 @pass_ctx
 @run_async
-async def up(ctx: Context, nodes: int | None) -> None:
+async def up(ctx: Context, nodes: int | None, role: str, isolated: bool) -> None:
     """Start the dev stack in the background (harmless when it is up)."""
     from workers.stack import Stack
 
     config = ctx.config
-    if nodes is not None:
-        config = config.model_copy(
-            update={"nodes": config.nodes.model_copy(update={"count": nodes})}
-        )
-    status = await Stack(config).up(progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"))
+    update: dict[str, Any] = {"count": nodes} if nodes is not None else {}
+    if isolated:
+        update["isolated"] = True
+    config = config.model_copy(update={"nodes": config.nodes.model_copy(update=update)})
+    status = await Stack(config).up(
+        progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"),
+        role="control" if role == "control" else "all",
+    )
     _print_status(status)
     click.echo(f"Web UI: {status.ui_url}")
 
@@ -183,9 +196,9 @@ async def demo(ctx: Context, episodes: int) -> None:
 
 # from corral.cli_* modules: images, sandboxes, episodes, policies, reports, bench
 def _register() -> None:
-    from corral import cli_episodes, cli_images, cli_policy, cli_tools
+    from corral import cli_episodes, cli_images, cli_nodes, cli_policy, cli_tools
 
-    for module in (cli_images, cli_episodes, cli_policy, cli_tools):
+    for module in (cli_images, cli_episodes, cli_policy, cli_tools, cli_nodes):
         for command in module.COMMANDS:
             cli.add_command(command)
 

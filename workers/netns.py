@@ -18,6 +18,12 @@ Names derive from the stack's state directory, so two stacks on one machine
   bridge is ``.1``, ``node-K`` is ``.(10+K)``. The sandbox allowlist range
   ``198.18.0.0/15`` (sandbox/network.py) is left alone.
 
+Temporal's dev server cannot listen on the bridge address (its internal
+services dial each other on 127.0.0.1), so it stays on loopback and the rig
+forwards the bridge address's Temporal port to it: one nftables DNAT rule in
+a table of the rig's own (``ip corral_rig_<h6>``) and ``route_localnet`` on
+the bridge. The nodes still reach Temporal only over IP.
+
 Processes enter a node's namespace with ``nsenter --net`` rather than
 ``ip netns exec``: the latter remounts ``/sys`` in a new mount namespace,
 which hides the cgroup hierarchies runc needs and the tracefs bpftrace needs.
@@ -137,6 +143,32 @@ class Rig:
             self.remove_node(node)
         if _link_exists(self.bridge):
             _ip("link", "del", self.bridge)
+        subprocess.run(["nft", "delete", "table", "ip", self.nft_table], capture_output=True)
+
+    # ------------------------------------------------------------ forwarding
+    @property
+    def nft_table(self) -> str:
+        return f"corral_rig_{self.key}"
+
+    def forward_to_loopback(self, ports: list[int]) -> None:
+        """Connections to the bridge address on `ports` reach 127.0.0.1 (idempotent)."""
+        host = self.ensure_bridge()
+        Path(f"/proc/sys/net/ipv4/conf/{self.bridge}/route_localnet").write_text("1")
+        rules = "\n".join(
+            f'    iifname "{self.bridge}" ip daddr {host} tcp dport {port} dnat to 127.0.0.1:{port}'
+            for port in ports
+        )
+        script = (
+            f"table ip {self.nft_table} {{}}\n"
+            f"delete table ip {self.nft_table}\n"
+            f"table ip {self.nft_table} {{\n"
+            "  chain prerouting {\n"
+            "    type nat hook prerouting priority dstnat; policy accept;\n"
+            f"{rules}\n  }}\n}}\n"
+        )
+        proc = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NetnsError(f"nft: cannot forward {ports} to loopback: {proc.stderr.strip()}")
 
 
 def node_host_number(node: str) -> int:

@@ -24,6 +24,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -49,6 +50,7 @@ JANITOR_SCHEDULE_ID = "corral-janitor"
 SERVICE_START_TIMEOUT_S = 60.0
 Role = Literal["all", "control"]
 STACK_FILE = "stack.json"
+NODE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 
 
 class StackError(CorralError):
@@ -179,12 +181,13 @@ class Stack:
 
     def _prepare_rig(self) -> None:
         """The bridge, and the control plane's addresses and intake certificate on it."""
-        from workers.tls import make_dev_certificate
+        from workers.tls import is_loopback, make_dev_certificate
 
         host = self.rig.ensure_bridge()
-        port = self.config.temporal.address.rsplit(":", 1)[1]
         self._override("nodes", isolated=True)
-        self._override("temporal", address=f"{host}:{port}")
+        temporal_host, port = self.config.temporal.address.rsplit(":", 1)
+        if is_loopback(temporal_host):
+            self.rig.forward_to_loopback([int(port)])
         intake = self.config.intake
         if not intake.tls_cert:
             cert, key = (
@@ -262,8 +265,18 @@ class Stack:
         if _has_module("workers.intake"):
             self.process("intake").start(self._python("workers.intake"), env=env)
 
-    def _start_node_processes(self, node: str) -> None:
+    def _node_env(self) -> dict[str, str]:
+        """A rig node reaches a loopback Temporal through the bridge address."""
+        from workers.tls import is_loopback
+
         env = self._env()
+        temporal_host, port = self.config.temporal.address.rsplit(":", 1)
+        if self.config.nodes.isolated and is_loopback(temporal_host):
+            env["CORRAL_TEMPORAL_ADDRESS"] = f"{self.rig.host_address()}:{port}"
+        return env
+
+    def _start_node_processes(self, node: str) -> None:
+        env = self._node_env()
         self.process(f"node-worker-{node}").start(
             self._node_argv(node, self._python("workers.node_worker", "--node", node)), env=env
         )
@@ -402,10 +415,27 @@ class Stack:
         return stopped
 
     # ---------------------------------------------------------------- nodes
-    async def node_up(self, node: str, progress: Any = None) -> StackStatus:
-        """Start (or restart) one node here; it undrains and rejoins the registry."""
+    async def node_up(
+        self,
+        node: str,
+        progress: Any = None,
+        *,
+        temporal: str | None = None,
+        intake_url: str | None = None,
+    ) -> StackStatus:
+        """Start (or restart) one node here; it undrains and rejoins the registry.
+
+        `temporal` (HOST:PORT) and `intake_url` point a node on another host at
+        the control plane; they are recorded so its processes and later
+        commands use them too.
+        """
         say = progress or (lambda _msg: None)
+        check_node_name(node)
         self.config.state.mkdir(parents=True, exist_ok=True)
+        if temporal:
+            self._override("temporal", address=temporal)
+        if intake_url:
+            self._override("intake", url=intake_url)
         if node not in self.config.node_names():
             self._override("nodes", extra=[*self.config.nodes.extra, node])
         self._write_stack_file()
@@ -428,6 +458,7 @@ class Stack:
 
     async def node_down(self, node: str) -> list[str]:
         """Stop one node's processes and remove its sandboxes; the registry marks it lost."""
+        self.check_local_node(node)
         stopped = [n for n in self._node_process_names(node) if self.process(n).stop()]
         return stopped + await self._stop_node(node)
 
@@ -437,6 +468,7 @@ class Stack:
         Its namespace and containerd state stay, like a crashed machine's disk:
         `node_up` rejoins and reaps what its episodes left.
         """
+        self.check_local_node(node)
         daemon = self.daemon(node)
         # Worker and sensor lead their own process groups (bpftrace is in the sensor's).
         leaders = [p for n in self._node_process_names(node) if (p := self.process(n).pid())]
@@ -455,6 +487,13 @@ class Stack:
                 await asyncio.sleep(0.02)
         self._sensor_ready_file(node).unlink(missing_ok=True)
         return pids
+
+    def check_local_node(self, node: str) -> None:
+        known = self._known_nodes()
+        if node not in known:
+            raise StackError(
+                f"unknown node {node!r}: this machine runs {', '.join(known) or 'no nodes'}"
+            )
 
     def _node_process_names(self, node: str) -> list[str]:
         return [f"node-worker-{node}", f"sensor-{node}"]
@@ -605,6 +644,15 @@ async def _wait_port(host: str, port: int, proc: ManagedProcess) -> None:
     raise StackError(
         f"{proc.name} did not listen on {host}:{port} within {SERVICE_START_TIMEOUT_S:.0f} s"
     )
+
+
+def check_node_name(node: str) -> None:
+    """Node names become paths, task queues and namespace names: keep them plain."""
+    if not NODE_NAME.fullmatch(node):
+        raise StackError(
+            f"node name {node!r}: use 1-32 lowercase letters, digits and '-', "
+            "starting with a letter or digit"
+        )
 
 
 def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,7 +55,7 @@ from activities.pool import WarmPool
 from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
 from observability.tracing import span
-from sandbox import Containerd, SandboxSpec, network
+from sandbox import Containerd, ExecResult, SandboxSpec, network
 from sandbox.cgroups import CPU_MODE_LABEL, IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, SandboxError, SandboxNotFound
 from sandbox.registry import RegistryOptions
@@ -108,8 +108,11 @@ class NodeActivities:
         pool: WarmPool | None = None,
         capacity: NodeCapacity | None = None,
         registry: RegistryOptions | None = None,
+        fetch_image: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.node = node
+        # Brings a snapshot made on a sibling node here (activities/snapshots.py).
+        self._fetch_image = fetch_image
         self._registry = registry or RegistryOptions()
         self.capacity = capacity or node_capacity()
         self._cpu = ElasticCpu()
@@ -156,6 +159,8 @@ class NodeActivities:
                 sandbox_id, source = await self._pool.acquire(spec, input.labels), "warm"
             if sandbox_id is None:
                 sandbox_id, source = input.sandbox_id, "cold"
+                if self._fetch_image is not None:
+                    await _heartbeating(_mapped(self._fetch_image(spec.image)))
                 # a registry image this node lacks is pulled now, once for all its episodes
                 pull = self._containerd.pulls.ensure(spec.image, self._registry)
                 await _heartbeating(_mapped(pull))
@@ -259,11 +264,14 @@ class NodeActivities:
         done, started_marker = journal / f"{input.index}.json", journal / f"{input.index}.started"
         if done.exists():
             return StepResult.model_validate_json(done.read_text())
+        result = None
         if started_marker.exists():
-            return self._interrupted(input, started_marker)
-        journal.mkdir(parents=True, exist_ok=True)
-        started_marker.write_text(datetime.now(UTC).isoformat())
-        result = await self._run_step(input)
+            result = await self._reattach(input, started_marker)  # None: it never started
+        else:
+            journal.mkdir(parents=True, exist_ok=True)
+            started_marker.write_text(datetime.now(UTC).isoformat())
+        if result is None:
+            result = await self._run_step(input)
         _atomic_write(done, result.model_dump_json())
         return result
 
@@ -273,10 +281,14 @@ class NodeActivities:
         started_at = datetime.now(UTC)
         attrs = {"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
         with span("corral.exec", **attrs), self._cpu.busy(sandbox.id, sandbox.labels):
-            out = await _heartbeating(
+            # Durable: a fixed exec id and output in files, so that a worker
+            # restarted mid-step reattaches to it (_reattach) instead of losing it.
+            raw = await _heartbeating(
                 _mapped(
-                    sandbox.exec(
-                        step.cmd,
+                    sandbox.exec_durable(
+                        ["/bin/sh", "-c", step.cmd] if isinstance(step.cmd, str) else step.cmd,
+                        exec_id=_step_exec_id(input.index),
+                        output_dir=self._step_output_dir(input),
                         env={**input.base_env, **step.env} or None,
                         workdir=step.workdir,
                         stdin=step.stdin.encode() if step.stdin is not None else None,
@@ -286,34 +298,52 @@ class NodeActivities:
                 )
             )
         if self._metrics:
-            self._metrics.record_exec(out.duration_s, self.node, sandbox.image)
-        return StepResult(
-            index=input.index,
-            cmd=step.display(),
-            exit_code=out.exit_code,
-            stdout=out.stdout,
-            stderr=out.stderr,
-            duration_s=out.duration_s,
-            timed_out=out.timed_out,
-            truncated=out.truncated,
-            source=input.source,
-            started_at=started_at,
-        )
+            self._metrics.record_exec(raw.duration_s, self.node, sandbox.image)
+        return _step_result(input, raw.decoded(), started_at)
 
-    def _interrupted(self, input: ExecStepInput, marker: Path) -> StepResult:
-        """A previous attempt started this step and its worker died: never run it twice."""
-        activity.logger.warning("step %s of %s was interrupted", input.index, input.sandbox_id)
-        result = StepResult(
+    async def _reattach(self, input: ExecStepInput, marker: Path) -> StepResult | None:
+        """A previous attempt started this step and its worker died. The exec outlives
+        the worker (the shim holds it): wait for it and report its real result. A
+        step lost with its sandbox is reported interrupted, never run twice."""
+        started_at = datetime.fromisoformat(marker.read_text())
+        elapsed = (datetime.now(UTC) - started_at).total_seconds()
+        timeout_s = max((input.step.timeout_s or input.default_timeout_s) - elapsed, 0.001)
+        try:
+            sandbox = await self._containerd.get_sandbox(input.sandbox_id)
+            raw = await _heartbeating(
+                sandbox.reattach_exec(
+                    _step_exec_id(input.index),
+                    self._step_output_dir(input),
+                    timeout_s=timeout_s,
+                    output_limit_bytes=input.output_limit_bytes,
+                )
+            )
+        except SandboxNotFound as err:
+            return self._interrupted(input, started_at, f"sandbox lost ({err})")
+        except SandboxError as err:
+            if type(err).__name__ in ("ContainerdUnavailable", "ContainerdError"):
+                raise _to_app_error(err) from err  # retried: containerd may come back
+            return self._interrupted(input, started_at, str(err))
+        if raw is None:
+            return None
+        activity.logger.info("step %s of %s reattached", input.index, input.sandbox_id)
+        return _step_result(input, raw.decoded(), started_at)
+
+    def _interrupted(self, input: ExecStepInput, started_at: datetime, cause: str) -> StepResult:
+        activity.logger.warning("step %s of %s interrupted: %s", input.index, input.sandbox_id,
+                                cause)
+        return StepResult(
             index=input.index,
             cmd=input.step.display(),
             exit_code=INTERRUPTED_EXIT_CODE,
-            stderr="corral: the node worker restarted while this step ran; "
-            "it was not run again (its effects on the sandbox may be partial)",
+            stderr=f"corral: interrupted: {cause}",
             source=input.source,
-            started_at=datetime.fromisoformat(marker.read_text()),
+            started_at=started_at,
+            interrupted=cause,
         )
-        _atomic_write(marker.with_suffix(".json"), result.model_dump_json())
-        return result
+
+    def _step_output_dir(self, input: ExecStepInput) -> Path:
+        return self._journal_dir(input.sandbox_id) / f"{input.index}.out"
 
     # ----------------------------------------------------------------- files
     @activity.defn(name="corral.write_file")
@@ -458,6 +488,26 @@ def episode_records(input: RecordEpisodeInput) -> list[Any]:
         for a in result.alerts
     ]
     return rows
+
+
+def _step_exec_id(index: int) -> str:
+    """Fixed per step, so a restarted worker finds the step's exec in the sandbox."""
+    return f"step-{index}"
+
+
+def _step_result(input: ExecStepInput, out: ExecResult, started_at: datetime) -> StepResult:
+    return StepResult(
+        index=input.index,
+        cmd=input.step.display(),
+        exit_code=out.exit_code,
+        stdout=out.stdout,
+        stderr=out.stderr,
+        duration_s=out.duration_s,
+        timed_out=out.timed_out,
+        truncated=out.truncated,
+        source=input.source,
+        started_at=started_at,
+    )
 
 
 def _reward_value(reward: StepResult | None) -> float | None:

@@ -44,6 +44,7 @@ PARENT_EPISODE_LABEL = "corral.snapshot.parent_episode"
 BASE_IMAGE_LABEL = "corral.snapshot.base_image"
 SANDBOX_LABEL = "corral.snapshot.sandbox"
 NODE_LABEL = "corral.snapshot.node"
+LAYER_BYTES_LABEL = "corral.snapshot.layer_bytes"
 _REPO_CHARS = re.compile(r"[^a-z0-9]+")
 _TAG_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -76,7 +77,12 @@ async def commit_sandbox(
         new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
         await images.unpack(new_manifest, chains, lease)
         manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
-        all_labels = {**labels, BASE_IMAGE_LABEL: base.name, SANDBOX_LABEL: sandbox_id}
+        all_labels = {
+            **labels,
+            BASE_IMAGE_LABEL: base.name,
+            SANDBOX_LABEL: sandbox_id,
+            LAYER_BYTES_LABEL: str(layer["size"]),
+        }
         return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)
 
 

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
+from activities.snapshots import SnapshotActivities
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
@@ -57,6 +58,8 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
     records = RecordWriter(config.records_dir)
     pool = WarmPool(containerd, node, config.workers.warm_pool)
     await pool.start()
+    peers = {n: config.containerd_socket(n) for n in config.node_names() if n != node}
+    snapshots = SnapshotActivities(node, containerd, peers)
     node_activities = NodeActivities(
         node,
         containerd,
@@ -66,6 +69,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         metrics=metrics,
         pool=pool,
         registry=config.registry.options(),
+        fetch_image=snapshots.ensure_image,
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]
@@ -74,7 +78,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         worker = Worker(
             client,
             task_queue=config.node_task_queue(node),
-            activities=node_activities.activities(),
+            activities=[*node_activities.activities(), *snapshots.activities()],
             max_concurrent_activities=500,
         )
         async with worker:

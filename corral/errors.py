@@ -133,3 +133,10 @@ class EpisodeTerminated(EpisodeError):
     """The workflow was terminated; the janitor reaps its sandbox."""
 
     outcome = "terminated"
+
+
+class EpisodeNotAdmitted(EpisodeError, EpisodeRejected):
+    """A tenant rule refused the spec before anything started, or the tenant's
+    quota refused the episode (`on_quota: reject`); the message names which."""
+
+    outcome = "rejected"

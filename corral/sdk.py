@@ -55,6 +55,7 @@ from corral.errors import (
     EpisodeFailed,
     EpisodeFileNotFound,
     EpisodeKilled,
+    EpisodeNotAdmitted,
     EpisodeNotFound,
     EpisodeQuarantined,
     EpisodeRejected,
@@ -69,6 +70,7 @@ from observability.tracing import flush_tracing, setup_tracing
 from sandbox.errors import CorralError
 from workers.config import StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
+from workers.tenants import TenantRuleViolation, prepare_for_tenant
 from workflows.episode import EpisodeWorkflow
 from workflows.models import (
     EpisodeInput,
@@ -86,6 +88,7 @@ from workflows.models import (
 _ERROR_TYPES: dict[str, type[EpisodeError]] = {
     "EpisodeKilled": EpisodeKilled,
     "EpisodeTimedOut": EpisodeTimedOut,
+    "EpisodeRejected": EpisodeNotAdmitted,  # a tenant quota with `on_quota: reject`
 }
 # The server fails an accepted Update with this type when the workflow closes first.
 _CLOSED_UNDER_UPDATE = frozenset({"AcceptedUpdateCompletedWorkflow"})
@@ -300,10 +303,15 @@ class Corral:
         flush_tracing()
 
     def _input(self, spec: EpisodeSpec, node: str | None) -> EpisodeInput:
+        try:
+            spec, admission = prepare_for_tenant(self.config, spec)
+        except TenantRuleViolation as err:
+            raise EpisodeNotAdmitted(str(err)) from err
         return EpisodeInput(
             spec=spec,
             node_task_queue_prefix=self.config.workers.node_task_queue_prefix,
             node=node,
+            admission=admission,
         )
 
     async def start_episode(

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.placement import NODE_LOST_SIGNAL
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
+    from workflows.admission import Admission, AdmissionDecision
     from workflows.models import (
         AlertSummary,
         AnomalySignal,
@@ -117,6 +118,8 @@ class EpisodeWorkflow:
         self._lock = asyncio.Lock()
         self._lost_node = ""  # set by `node_lost` while provisioning
         self._avoid: list[str] = []  # nodes lost or full under this episode
+        self._admission = Admission(held=self._s.admission_held)
+        self._failure_type = ""  # overrides the outcome's error type (a rejection)
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -127,6 +130,8 @@ class EpisodeWorkflow:
         result: EpisodeResult | None = None
         try:
             if input.carried is None:
+                await self._admission.admit(self._spec, input.admission, on_wait=self._wait_for)
+                self._s.admission_held = self._admission.held
                 await self._provision_watched()
             self._s.reason = ""
             self._set_state("running")
@@ -145,6 +150,8 @@ class EpisodeWorkflow:
             raise
         except ApplicationError as err:
             outcome, reason = _outcome_of(err), str(err.message)
+            if err.type == "EpisodeRejected":
+                self._failure_type = err.type  # the trainer sees the rejection as such
         except ActivityError as err:
             outcome, reason = "failed", _cause_message(err)
         finally:
@@ -159,9 +166,10 @@ class EpisodeWorkflow:
         """Killed and failed episodes fail the workflow, so the Web UI shows them red."""
         if result.outcome == "completed":
             return result
-        error_type = {"killed": "EpisodeKilled", "timed_out": "EpisodeTimedOut"}.get(
-            result.outcome, "EpisodeFailed"
-        )
+        error_type = self._failure_type or {
+            "killed": "EpisodeKilled",
+            "timed_out": "EpisodeTimedOut",
+        }.get(result.outcome, "EpisodeFailed")
         raise ApplicationError(
             result.reason, result.model_dump(mode="json"), type=error_type, non_retryable=True
         )
@@ -274,6 +282,12 @@ class EpisodeWorkflow:
             )
         self._s.ready = True
 
+    def _wait_for(self, reason: str) -> None:
+        """Show why the episode waits (quota, room) in the Web UI and visibility."""
+        if self._s.state != "waiting" or self._s.reason != reason:
+            self._s.reason = reason
+            self._set_state("waiting")
+
     async def _place(self) -> str:
         """A node from the registry (a local activity: no node is asked); while
         none has room the episode waits, visibly, and asks again."""
@@ -294,9 +308,7 @@ class EpisodeWorkflow:
             )
             if placement.node is not None:
                 return placement.node
-            if self._s.state != "waiting" or self._s.reason != placement.reason:
-                self._s.reason = placement.reason
-                self._set_state("waiting")
+            self._wait_for(placement.reason)
             await workflow.sleep(PLACE_RETRY_S)
 
     async def _body(self) -> StepResult | None:
@@ -442,6 +454,11 @@ class EpisodeWorkflow:
         who = f" by {request.by}" if request.by else ""
         why = f": {request.reason}" if request.reason else ""
         self._end(f"killed by on-call{who}{why}")
+
+    @workflow.signal
+    def admission(self, decision: AdmissionDecision) -> None:
+        """The admission workflow's answer: waiting (and why), admitted, rejected."""
+        self._admission.decided(decision)
 
     @workflow.signal(name=NODE_LOST_SIGNAL)
     def node_lost(self, lost: NodeLostInput) -> None:
@@ -614,6 +631,7 @@ class EpisodeWorkflow:
                 result=result, workflow_id=info.workflow_id, run_id=info.run_id
             )
             result.teardown_s = await self._teardown(record)
+        await self._admission.release()  # after teardown: the room is free again
         self._set_state(outcome)
         return result
 

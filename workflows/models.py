@@ -12,6 +12,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.models import (
+    AdmissionPolicy,
     AlertSummary,
     EgressRule,
     EpisodeResult,
@@ -101,6 +102,9 @@ class EpisodeInput(BaseModel):
     # Steps per run before continue-as-new; None is the workflow's default
     # (MAX_STEPS_PER_RUN). Tests set it small to exercise the hand-over.
     max_steps_per_run: int | None = Field(default=None, ge=1)
+    # The tenant's quota, for the admission workflow: set by the SDK only for a
+    # tenant that has one (others never wait for admission).
+    admission: AdmissionPolicy | None = None
     # Carried over by continue-as-new; empty on the first run.
     carried: EpisodeState | None = None
 
@@ -139,6 +143,7 @@ class EpisodeState(BaseModel):
     pending_quarantines: list[Decision] = Field(default_factory=list)
     kill: KillOrder | None = None
     closing: bool = False
+    admission_held: bool = False  # the episode holds room in its tenant's quota
     node_lost: bool = False  # the node went away with the sandbox: nothing to tear down
     reason: str = ""
     last_activity: datetime | None = None

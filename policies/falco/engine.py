@@ -48,12 +48,12 @@ from policies.falco.loader import (
     Priority,
     RuleInfo,
     RuleLoadError,
-    UnknownFieldError,
     UnsupportedOperatorError,
     load_files,
     load_texts,
 )
 from policies.falco.output import ExtraFields, OutputTemplate, json_value
+from policies.falco.typecheck import unknown_field
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class _Builder:
             self.load.warn(f"skipped (skip-if-unknown-filter): unknown field {text}", rule.ctx,
                            UNKNOWN_FILTER)  # fmt: skip
         elif self.strict:
-            raise UnknownFieldError(names[0], rule.ctx, "not in the registry")
+            raise unknown_field(self.registry, names[0], rule.ctx)
 
     def _unknown_exception_fields(self, rule: RuleInfo) -> list[str]:
         # Checked even when an exception has no values (and so adds no condition).

@@ -7,12 +7,14 @@ that are quoted strings unquoted). ``compiler.py`` compiles the result.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from policies.falco.grammar import (
     LIST_OPS,
+    TRANSFORMERS,
     And,
     BinaryCheck,
     ConditionParseError,
@@ -43,16 +45,21 @@ from policies.falco.loader import (
 # --- exceptions -> condition text ----------------------------------------------
 
 
+# An exception value that names a field (``val(proc.pname)``, ``tolower(fd.name)``):
+# Falco compares with that field's value instead of the literal text.
+_FIELD_CALL = re.compile(r"(?:val|" + "|".join(TRANSFORMERS) + r")\(.*\)", re.DOTALL)
+
+
 def _quote_item(text: str) -> str:
     # Falco quotes items with blanks unless they are already quoted; we also
     # quote other characters a bare value cannot hold, and escape what we quote.
-    if is_quoted(text):
+    if is_quoted(text) or _FIELD_CALL.fullmatch(text):
         return text
     return quote_value(text)
 
 
 def _paren_item(text: str) -> str:
-    return text if text.startswith("(") else f"({text})"
+    return text if text.startswith("(") or _FIELD_CALL.fullmatch(text) else f"({text})"
 
 
 def _exception_text(ex: ExceptionInfo) -> str:

@@ -53,8 +53,10 @@ class FieldSpec:
 class FieldRegistry:
     """Name -> FieldSpec, with Falco's longest-prefix lookup for ``evt.arg.X``."""
 
-    def __init__(self, specs: Iterable[FieldSpec] = ()) -> None:
+    def __init__(self, specs: Iterable[FieldSpec] = (), unserved: Iterable[str] = ()) -> None:
         self._specs: dict[str, FieldSpec] = {}
+        # Falco's fields whose data this event source lacks: refused by name.
+        self.unserved = frozenset(unserved)
         for spec in specs:
             self.add(spec)
 

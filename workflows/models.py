@@ -40,6 +40,9 @@ from activities.models import (
     RecordEpisodeInput,
     Resources,
     SandboxRef,
+    SnapshotInput,
+    SnapshotRequest,
+    SnapshotResult,
     Step,
     StepResult,
     TeardownInput,
@@ -85,6 +88,9 @@ __all__ = [
     "RecordEpisodeInput",
     "Resources",
     "SandboxRef",
+    "SnapshotInput",
+    "SnapshotRequest",
+    "SnapshotResult",
     "Step",
     "StepResult",
     "TeardownInput",
@@ -145,6 +151,10 @@ class EpisodeState(BaseModel):
     closing: bool = False
     admission_held: bool = False  # the episode holds room in its tenant's quota
     node_lost: bool = False  # the node went away with the sandbox: nothing to tear down
+    snapshots: list[str] = Field(default_factory=list)  # refs of the snapshots taken
+    # Idle past timeouts.hibernate_after_s: the sandbox was snapshotted to this
+    # ref and freed; the next request provisions it again from the ref.
+    hibernated_ref: str = ""
     reason: str = ""
     last_activity: datetime | None = None
     # Per run: bumped by every request (resets the idle timer), counted for

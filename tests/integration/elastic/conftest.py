@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +20,6 @@ import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.models import EpisodeSpec, ProvisionInput
 from sandbox import Containerd
 from sandbox.daemon import ContainerdDaemon
 from sandbox.oci_archive import build_busybox_image
@@ -57,10 +55,3 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=binary, data_converter=pydantic_data_converter
     ) as env:
         yield env
-
-
-def provision_input(spec: EpisodeSpec) -> ProvisionInput:
-    workflow_id = f"elastic-{uuid.uuid4().hex[:8]}"
-    return ProvisionInput(
-        sandbox_id=uuid.uuid4().hex * 2, spec=spec, labels={"corral.workflow_id": workflow_id}
-    )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from elastic_helpers import provision_input
 
 from activities.models import (
     EpisodeSpec,
@@ -29,7 +30,6 @@ from activities.node import NodeActivities
 from sandbox import Containerd
 from sandbox.cgroups import IDLE_SHARES, read_shares
 from tests.integration.conftest import wait_for
-from tests.integration.elastic.conftest import provision_input
 
 pytestmark = pytest.mark.integration
 

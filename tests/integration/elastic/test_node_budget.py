@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from elastic_helpers import provision_input
 from temporalio.exceptions import ApplicationError
 
 from activities.capacity import node_capacity
 from activities.models import EpisodeSpec, NodeCapacity, Resources, TeardownInput
 from activities.node import NodeActivities
 from sandbox import Containerd
-from tests.integration.elastic.conftest import provision_input
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -26,7 +28,9 @@ _log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_GRACE_S = 5.0
-SHIM_BINARY = "containerd-shim"  # prefix: containerd-shim-runc-v2, -runsc-v1 ...
+SHIM_BINARY = "containerd-shim"
+# Parent of the daemons' state dirs: root-owned and searchable (see state_dir).
+STATE_BASE = Path("/run/corral-containerd")  # prefix: containerd-shim-runc-v2, -runsc-v1 ...
 
 
 class ContainerdDaemon:
@@ -55,6 +59,22 @@ class ContainerdDaemon:
         return self.root_dir / "containerd.pid"
 
     @property
+    def state_dir(self) -> Path:
+        """containerd's state (task bundles, rootfs mounts); ``root_dir/state`` links to it.
+
+        Outside ``root_dir`` because runc mounts a user-namespaced sandbox's
+        rootfs as the mapped root, an unprivileged host uid, which must be able
+        to search every directory above the bundle: a 0700 parent such as
+        pytest's ``/tmp/pytest-of-root`` (reset to 0700 by every pytest session)
+        fails it. A ``root_dir/state`` that is a real directory (made before)
+        stays in use.
+        """
+        in_root = self.root_dir / "state"
+        if in_root.is_dir() and not in_root.is_symlink():
+            return in_root
+        return STATE_BASE / hashlib.sha256(str(self.root_dir).encode()).hexdigest()[:16]
+
+    @property
     def pid(self) -> int | None:
         if self._proc is not None:
             return self._proc.pid
@@ -67,7 +87,7 @@ class ContainerdDaemon:
             [
                 "version = 2",
                 f'root = "{root / "root"}"',
-                f'state = "{root / "state"}"',
+                f'state = "{self.state_dir}"',
                 'disabled_plugins = ["io.containerd.grpc.v1.cri"]',
                 "[grpc]",
                 f'  address = "{self.socket}"',
@@ -87,6 +107,7 @@ class ContainerdDaemon:
         self.root_dir.mkdir(parents=True, exist_ok=True)
         await self._reap_previous_instance()
         self._remove_stale_sockets()
+        self._link_state_dir()
         await self._mount_quota_fs()
         self.config_path.write_text(self.render_config())
         log = self.log_path.open("ab")
@@ -103,14 +124,25 @@ class ContainerdDaemon:
         self.pid_path.write_text(f"{self._proc.pid}\n")
         await self._wait_until_ready()
 
+    def _link_state_dir(self) -> None:
+        state, link = self.state_dir, self.root_dir / "state"
+        if state == link:
+            return
+        STATE_BASE.mkdir(mode=0o711, exist_ok=True)
+        state.mkdir(mode=0o711, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(state)
+
     async def _mount_quota_fs(self) -> None:
         """The snapshotter's btrfs with qgroups (sandbox.quota): per-sandbox disk quotas.
 
         Without it (no btrfs tools, an old state dir) containerd still starts;
         sandboxes that ask for ``disk_mb`` are then refused with the reason.
         """
-        from sandbox import quota
+        from sandbox import quota, userns
 
+        for directory in userns.allow_traverse(self.root_dir):
+            _log.info("made %s searchable for user-namespaced sandboxes", directory)
         try:
             mounted = await quota.ensure_quota_fs(self.root_dir / "root", self.root_dir)
         except quota.QuotaError as exc:
@@ -160,6 +192,11 @@ class ContainerdDaemon:
                     os.kill(shim_pid, signal.SIGKILL)
             self._kill_orphaned_containers()
         unmount_under(self.root_dir)
+        state = self.state_dir
+        if state.is_relative_to(STATE_BASE):
+            unmount_under(state)
+            if kill_shims:  # nothing runs from it any more
+                shutil.rmtree(state, ignore_errors=True)
 
     @property
     def runc_root(self) -> Path:

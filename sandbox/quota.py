@@ -10,9 +10,10 @@ overlayfs snapshotter has no quota of its own, so:
   a sparse image file beside it (``snapshots.btrfs``), loop-mounted, quotas on
   (``ensure_quota_fs``). Image layers live there too; the file only grows by
   what is written.
-* After ``Snapshots.Prepare`` the client swaps the new snapshot's empty upper
-  directory (``.../snapshots/<n>/fs``) for a btrfs subvolume of the same name
-  and sets a qgroup limit on it (``limit_upper``): everything the sandbox
+* After ``Snapshots.Prepare`` the client swaps the new snapshot's directory
+  (``.../snapshots/<n>``, holding the empty ``fs`` upper and ``work`` dirs) for
+  a btrfs subvolume of the same name and content, and sets a qgroup limit on
+  it (``limit_upper``): everything the sandbox
   writes to ``/`` (copy-ups included) is charged there; past the limit writes
   fail with EDQUOT ("Disk quota exceeded") inside that sandbox only.
 * containerd's ``Remove`` deletes the directory as before (``rmdir`` of an
@@ -29,6 +30,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -96,28 +98,41 @@ def block_device(containerd_root: Path) -> tuple[int, int] | None:
 
 
 def limit_upper(upper: Path, size_mb: int, owner: tuple[int, int]) -> None:
-    """Make ``upper`` (an empty snapshot upper dir) a subvolume limited to ``size_mb``.
+    """Put the new snapshot's directory (``upper``'s parent) on a subvolume limited to ``size_mb``.
 
-    ``owner`` is the host (uid, gid) of the sandbox's root: the overlay's root
-    directory takes the upper dir's owner.
+    The whole snapshot directory, not just ``fs``: overlayfs copies up through
+    ``work`` and renames into ``fs``, and a rename across subvolumes is EXDEV.
+    containerd made both empty a moment ago; they are made again inside the
+    subvolume with the same modes. ``owner`` is the host (uid, gid) of the
+    sandbox's root: the overlay's root directory takes the upper dir's owner.
     """
+    snapshot = upper.parent
+    staged = snapshot.with_name(f".quota-{snapshot.name}")
     try:
-        upper.rmdir()  # empty: containerd just made it
-        _create_subvolume(upper.parent, upper.name)
-        os.chown(upper, *owner)
-        os.chmod(upper, 0o755)
-        fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            args = bytearray(
-                struct.pack(
-                    _QGROUP_LIMIT_FMT, 0, _QGROUP_LIMIT_MAX_RFER, size_mb * 1024 * 1024, 0, 0, 0
-                )
-            )
-            fcntl.ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, args)  # qgroupid 0: fd's own subvolume
-        finally:
-            os.close(fd)
+        modes = {child.name: stat.S_IMODE(child.stat().st_mode) for child in snapshot.iterdir()}
+        _create_subvolume(snapshot.parent, staged.name)
+        for name, mode in modes.items():
+            (staged / name).mkdir(mode=mode)
+            os.chmod(staged / name, mode)
+        os.chown(staged / upper.name, *owner)
+        os.chmod(staged, stat.S_IMODE(snapshot.stat().st_mode))
+        _set_limit(staged, size_mb)
+        for name in modes:
+            (snapshot / name).rmdir()  # empty: never a recursive delete
+        snapshot.rmdir()
+        staged.rename(snapshot)
     except OSError as exc:
-        raise QuotaError(f"disk quota on {upper}: {exc.strerror or exc}") from exc
+        raise QuotaError(f"disk quota on {snapshot}: {exc.strerror or exc}") from exc
+
+
+def _set_limit(subvolume: Path, size_mb: int) -> None:
+    fd = os.open(subvolume, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        limit = size_mb * 1024 * 1024
+        args = struct.pack(_QGROUP_LIMIT_FMT, 0, _QGROUP_LIMIT_MAX_RFER, limit, 0, 0, 0)
+        fcntl.ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, bytearray(args))  # qgroupid 0: fd's subvolume
+    finally:
+        os.close(fd)
 
 
 def _create_subvolume(parent: Path, name: str) -> None:

@@ -164,6 +164,24 @@ async def shift_mounted(mounts: Sequence[Any], mapping: IdMapping, scratch: Path
             target.rmdir()
 
 
+def allow_traverse(path: Path) -> list[Path]:
+    """Give ``path`` and its ancestors the search bit for others; return those changed.
+
+    runc sets up a user-namespaced sandbox's mounts (its rootfs, /workspace)
+    as the mapped root, an unprivileged host uid, so every directory above a
+    state dir must be searchable: a 0700 parent (pytest's
+    ``/tmp/pytest-of-root``, ``/root``) fails the rootfs mount. Search
+    (``o+x``) lets a path be walked, not listed.
+    """
+    changed = []
+    for directory in [path, *path.parents]:
+        mode = directory.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            os.chmod(directory, stat.S_IMODE(mode) | stat.S_IXOTH)
+            changed.append(directory)
+    return changed
+
+
 def sandbox_uid(pid: int, host_uid: int) -> int:
     """``host_uid`` as the process ``pid`` sees it (its user namespace's uid_map); -1 if unmapped.
 

@@ -13,7 +13,9 @@ def test_config_keeps_everything_under_root(tmp_path: Path) -> None:
     daemon = ContainerdDaemon(tmp_path)
     config = daemon.render_config()
     assert f'root = "{tmp_path}/root"' in config
-    assert f'state = "{tmp_path}/state"' in config
+    # state (task bundles) lives under a searchable /run dir for user-namespaced sandboxes
+    assert f'state = "{daemon.state_dir}"' in config
+    assert str(daemon.state_dir).startswith("/run/corral-containerd/")
     assert f'address = "{tmp_path}/containerd.sock"' in config
     assert 'disabled_plugins = ["io.containerd.grpc.v1.cri"]' in config
     assert daemon.socket == str(tmp_path / "containerd.sock")

@@ -184,9 +184,9 @@ class ImageStore:
         now = int(time.time())
         if now - int(image.labels.get(LAST_USED_LABEL, "0") or 0) < TOUCH_EVERY_S:
             return
-        await self._set_label(image.name, LAST_USED_LABEL, str(now))
+        await self.set_label(image.name, LAST_USED_LABEL, str(now))
 
-    async def _set_label(self, name: str, key: str, value: str) -> None:
+    async def set_label(self, name: str, key: str, value: str) -> None:
         try:
             await self._conn.images.Update(
                 images_pb2.UpdateImageRequest(
@@ -243,6 +243,14 @@ class ImageStore:
         return int(manifest["config"]["size"]) + sum(
             int(layer["size"]) for layer in manifest["layers"]
         )
+
+    async def content_digests(self) -> set[str]:
+        """Every blob in the content store (of any image, or of none)."""
+        digests: set[str] = set()
+        call = self._conn.content.List(content_pb2.ListContentRequest(), metadata=self._md())
+        async for resp in call:
+            digests.update(info.digest for info in resp.info)
+        return digests
 
     def read_chunks(self, digest: str) -> AsyncIterator[bytes]:
         """A blob of the content store, streamed."""

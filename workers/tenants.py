@@ -10,11 +10,19 @@ are checked again, authoritatively, in the admission workflow.
 
 from __future__ import annotations
 
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
 from activities.capacity import node_capacity
 from activities.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
 from sandbox.errors import CorralError
 from workers.config import StackConfig
-from workflows.admission import tenant_rule_violation
+from workflows.admission import (
+    ADMISSION_WORKFLOW_ID,
+    AdmissionWorkflow,
+    TenantUsage,
+    tenant_rule_violation,
+)
 
 
 class TenantRuleViolation(CorralError):
@@ -60,3 +68,21 @@ def prepare_for_tenant(
     if tenant is None or not tenant.has_quota():
         return spec, None
     return spec, AdmissionPolicy(tenant=tenant, cluster=cluster_room(config))
+
+
+async def tenant_usage(client: Client, config: StackConfig) -> list[TenantUsage]:
+    """Each declared tenant (and any the admission workflow has seen) with its use
+    and its configured quota; zero use while no episode with a quota ran yet."""
+    try:
+        seen: list[TenantUsage] = await client.get_workflow_handle(ADMISSION_WORKFLOW_ID).query(
+            AdmissionWorkflow.usage
+        )
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        seen = []
+    rows = {row.tenant: row for row in seen}
+    for name, tenant in config.tenants.items():
+        row = rows.setdefault(name, TenantUsage(tenant=name))
+        row.quota = tenant  # the configuration is the truth; admission saw the last episode's
+    return sorted(rows.values(), key=lambda row: row.tenant)

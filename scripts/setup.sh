@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   containerd runc crun tini busybox-static bpftrace iproute2 nftables debootstrap umoci
   golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
+  docker-registry apache2-utils
   btrfs-progs gcc libc6-dev
 )
 PYTHON=${PYTHON:-python3.11}

@@ -8,12 +8,18 @@ so these tests show the admission workflow's behaviour on its own.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
 from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.client import Client, WorkflowFailureError
@@ -222,3 +228,43 @@ async def test_a_waiting_episode_that_was_terminated_gives_its_turn_away(client:
     await _finish(client, third)
     usage = await _usage(client, tenant)
     assert (usage.episodes, usage.waiting) == (0, 0)
+
+
+async def test_tenant_list_shows_use_against_the_configured_quota(
+    client: Client, tmp_path: Path
+) -> None:
+    tenant, quota = f"l{uuid.uuid4().hex[:6]}", TenantConfig(max_episodes=1, weight=2)
+    running = await _start(client, tenant, quota)
+    await _until_state(client, running, "running")
+    waiting = await _start(client, tenant, quota)
+    await _until_state(client, waiting, "waiting")
+    config = tmp_path / "corral.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "state_dir": str(tmp_path / "state"),
+                "temporal": {
+                    "address": client.service_client.config.target_host,
+                    "namespace": client.namespace,
+                },
+                "tenants": {tenant: {"max_episodes": 1, "weight": 2}, "idle": {"cpu_cores": 4}},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    listed = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "corral", "--config", str(config), "tenant", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["tenant"]: row for row in json.loads(listed.stdout)}
+    mine, idle = rows[tenant], rows["idle"]
+    assert (mine["episodes"], mine["waiting"], mine["quota"]["max_episodes"]) == (1, 1, 1)
+    assert (idle["episodes"], idle["waiting"], idle["quota"]["cpu_cores"]) == (0, 0, 4)
+    await _finish(client, running)
+    await _until_state(client, waiting, "running")
+    await _finish(client, waiting)

@@ -36,12 +36,15 @@ from policies.falco.compiler import (
 from policies.falco.fieldapi import FieldRegistry
 from policies.falco.grammar import And, BinaryCheck, FieldRef, ListValue, Node, UnaryCheck, Value
 from policies.falco.loader import (
+    COMPILE_CONDITION,
+    COMPILE_OUTPUT,
     NO_EVTTYPE,
     SYSCALL_SOURCE,
     UNKNOWN_FILTER,
     UNSAFE_NA_CHECK,
     UNUSED_LIST,
     UNUSED_MACRO,
+    VALIDATE,
     ExceptionInfo,
     LoadResult,
     LoadWarning,
@@ -225,11 +228,15 @@ class _Builder:
         rule = entry.info
         assert entry.expansion is not None
         output = OutputTemplate(rule.output, self.registry)
-        unknown = sorted(set(entry.missing_fields) | set(output.unknown_fields)
-                         | set(self._unknown_exception_fields(rule)))  # fmt: skip
-        if unknown:
-            self._unknown_fields(entry, unknown)
-            return
+        # Falco's order: exception fields (collector), output, then condition (compiler).
+        for names, code in (
+            (self._unknown_exception_fields(rule), VALIDATE),
+            (sorted(set(output.unknown_fields)), COMPILE_OUTPUT),
+            (entry.missing_fields, COMPILE_CONDITION),
+        ):
+            if names:
+                self._unknown_fields(entry, names, code)
+                return
         try:
             entry.predicate = compile_predicate(entry.expansion.node, self.registry, rule.ctx)
         except UnsupportedOperatorError as e:
@@ -244,17 +251,17 @@ class _Builder:
         entry.output = output
         self._warn_compiled(entry)
 
-    def _unknown_fields(self, entry: RuleEntry, names: list[str]) -> None:
-        """A field neither Falco's syscall source nor this sensor serves: Falco
-        refuses the rule unless it says skip-if-unknown-filter."""
+    def _unknown_fields(self, entry: RuleEntry, names: list[str], code: str) -> None:
+        """A field this sensor does not serve: Falco refuses the rule if it does
+        not know the field either, unless it says skip-if-unknown-filter."""
         rule = entry.info
         text = ", ".join(names)
         entry.status, entry.reason = RuleStatus.UNSUPPORTED, f"unknown field {text}"
-        if rule.skip_if_unknown_filter:
+        if rule.skip_if_unknown_filter and code != VALIDATE:
             self.load.warn(f"skipped (skip-if-unknown-filter): unknown field {text}", rule.ctx,
                            UNKNOWN_FILTER)  # fmt: skip
         elif self.strict:
-            raise unknown_field(self.registry, names[0], rule.ctx)
+            raise unknown_field(self.registry, names[0], rule.ctx, code)
 
     def _unknown_exception_fields(self, rule: RuleInfo) -> list[str]:
         # Checked even when an exception has no values (and so adds no condition).

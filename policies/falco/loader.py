@@ -421,9 +421,11 @@ def _overrides(
         elif how == "replace" and key in replaceable:
             replace.add(key)
         elif how not in ("append", "replace"):
-            raise RuleLoadError(f"override for '{key}' must be append or replace, not '{how}'", ctx)
+            raise RuleLoadError(
+                f"override for '{key}' must be append or replace, not '{how}'", ctx, YAML_VALIDATE
+            )
         else:
-            raise RuleLoadError(f"key '{key}' cannot be overridden with {how}", ctx)
+            raise RuleLoadError(f"key '{key}' cannot be overridden with {how}", ctx, YAML_VALIDATE)
     return append, replace
 
 
@@ -454,7 +456,7 @@ def _read_exceptions(
         fields = _str_or_list(ex.get("fields"), "fields", ectx)
         comps = _str_or_list(ex.get("comps"), "comps", ectx)
         if fields is None and not appending:
-            raise RuleLoadError("exception must have a 'fields' property", ectx)
+            raise RuleLoadError("exception must have a 'fields' property", ectx, YAML_VALIDATE)
         values = ex.get("values")
         if values is None:
             values = []
@@ -540,7 +542,7 @@ class _Reader:
         name = _as_str(item.get(kind), kind, ItemContext(self.file, line, kind))
         ctx = ItemContext(self.file, line, kind, name)
         if not name:
-            raise RuleLoadError(f"{kind} name must not be empty", ctx)
+            raise RuleLoadError(f"{kind} name must not be empty", ctx, YAML_VALIDATE)
         unknown = sorted(set(item) - _KNOWN_KEYS[kind])
         if unknown:
             self.res.warn(f"unknown keys {unknown}", ctx)
@@ -556,10 +558,12 @@ class _Reader:
 
     def _plugin_versions(self, raw: Any, ctx: ItemContext) -> None:
         if not isinstance(raw, list):
-            raise RuleLoadError("required_plugin_versions must be a sequence", ctx)
+            raise RuleLoadError("required_plugin_versions must be a sequence", ctx, YAML_VALIDATE)
         for entry in raw:
             if not isinstance(entry, dict) or "name" not in entry or "version" not in entry:
-                raise RuleLoadError("each required plugin needs a name and a version", ctx)
+                raise RuleLoadError(
+                    "each required plugin needs a name and a version", ctx, YAML_VALIDATE
+                )
             self.res.required_plugin_versions.append(entry)
 
     def _legacy_append(self, item: dict[str, Any], ctx: ItemContext) -> bool:
@@ -567,7 +571,9 @@ class _Reader:
         if append:
             self.res.warn("'append' is deprecated; use 'override'", ctx, DEPRECATED_ITEM)
             if "override" in item:
-                raise RuleLoadError("'append' and 'override' cannot be used together", ctx)
+                raise RuleLoadError(
+                    "'append' and 'override' cannot be used together", ctx, YAML_VALIDATE
+                )
         return append
 
     # lists -------------------------------------------------------------
@@ -671,7 +677,9 @@ class _Reader:
     def _rule_legacy_append(self, item: dict[str, Any], ctx: ItemContext) -> None:
         prev = self._previous_rule(ctx, "appended to")
         if "condition" not in item and "exceptions" not in item:
-            raise RuleLoadError("appended rule must have exceptions or condition property", ctx)
+            raise RuleLoadError(
+                "appended rule must have exceptions or condition property", ctx, YAML_VALIDATE
+            )
         if item.get("condition"):
             prev.condition = f"{prev.condition} {_as_str(item['condition'], 'condition', ctx)}"
         self._append_exceptions(prev, _read_exceptions(item.get("exceptions"), ctx, True, self.res))
@@ -704,12 +712,16 @@ class _Reader:
             if key not in item:
                 how = "append" if key in append else "replace"
                 raise RuleLoadError(
-                    f"an {how} override for '{key}' was specified but '{key}' is not defined", ctx
+                    f"an {how} override for '{key}' was specified but '{key}' is not defined",
+                    ctx,
+                    YAML_VALIDATE,
                 )
         for key in set(_RULE_APPENDABLE) | set(_RULE_REPLACEABLE):
             if key in item and key not in append and key not in replace:
                 raise RuleLoadError(
-                    f"unexpected key '{key}': no corresponding entry under 'override'", ctx
+                    f"unexpected key '{key}': no corresponding entry under 'override'",
+                    ctx,
+                    YAML_VALIDATE,
                 )
         if append:
             self._apply_append(self._previous_rule(ctx, "appended to"), item, append, ctx)

@@ -11,7 +11,7 @@ from typing import Any
 
 from policies.falco.fieldapi import FieldRegistry, FieldType
 from policies.falco.grammar import BinaryCheck, FieldValue, ListValue
-from policies.falco.loader import ItemContext, RuleLoadError, UnsupportedOperatorError
+from policies.falco.loader import FieldTypeError, ItemContext, UnsupportedOperatorError
 from policies.falco.transformers import SEQ, Getter, make_getter, to_int, to_text
 from policies.falco.typecheck import IP_TYPES, NUMERIC, ResolvedField, convert, resolve_field
 
@@ -78,7 +78,7 @@ def _hex(text: str, ctx: ItemContext | None) -> bytes:
     try:
         return bytes.fromhex(text)
     except ValueError:
-        raise RuleLoadError(f"'{text}' is not a hexadecimal byte string", ctx) from None
+        raise FieldTypeError(f"'{text}' is not a hexadecimal byte string", ctx) from None
 
 
 # Numeric comparisons, written as v OP x because partial binds the value first.
@@ -106,7 +106,7 @@ def _string_test(op: str, v: str, ctx: ItemContext | None) -> Callable[[Any], bo
         try:
             rmatch = re.compile(v).fullmatch
         except re.error as e:
-            raise RuleLoadError(f"invalid regex '{v}': {e}", ctx) from None
+            raise FieldTypeError(f"invalid regex '{v}': {e}", ctx) from None
         return lambda x: rmatch(x) is not None
     if op in ("bcontains", "bstartswith"):
         needle = _hex(v, ctx)

@@ -13,7 +13,6 @@ from policies.falco.grammar import FieldRef
 from policies.falco.loader import (
     FieldTypeError,
     ItemContext,
-    RuleLoadError,
     UnknownFieldError,
 )
 
@@ -93,11 +92,15 @@ def resolve_field(registry: FieldRegistry, ref: FieldRef, ctx: ItemContext | Non
     return ResolvedField(spec, _parse_arg(arg), ref)
 
 
-def unknown_field(registry: FieldRegistry, name: str, ctx: ItemContext | None) -> UnknownFieldError:
+def unknown_field(
+    registry: FieldRegistry, name: str, ctx: ItemContext | None, code: str = ""
+) -> UnknownFieldError:
     """The error for a field the registry lacks, saying whether Falco has it."""
     served = name not in registry.unserved
     why = "not in the field registry" if served else "a Falco field this sensor cannot serve"
-    return UnknownFieldError(name, ctx, why)
+    err = UnknownFieldError(name, ctx, why)
+    err.code = code or err.code
+    return err
 
 
 def parse_number(text: str) -> int:
@@ -129,7 +132,7 @@ def convert(text: str, ftype: FieldType, ctx: ItemContext | None, name: str) -> 
                 return ipaddress.ip_network(text, strict=False)
             return ipaddress.ip_address(text)
     except ValueError:
-        raise RuleLoadError(
+        raise FieldTypeError(
             f"value '{text}' is not a valid {ftype.value} for field '{name}'", ctx
         ) from None
     return text

@@ -3,6 +3,8 @@ fs.path.*, evt.type.is, and Falco fields this sensor refuses by name."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from policies.falco.engine import RuleEngine
@@ -10,7 +12,7 @@ from policies.falco.event import ContainerInfo, Event, Process, mounts_from_spec
 from policies.falco.fields import default_registry
 from policies.falco.loader import UnknownFieldError
 
-SPEC_MOUNTS = [
+SPEC_MOUNTS: list[dict[str, Any]] = [
     {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid"]},
     {"destination": "/host/docker.sock", "type": "bind", "source": "/var/run/docker.sock",
      "options": ["rbind", "ro", "rslave"]},
@@ -31,7 +33,7 @@ def _values(output: str, event: Event) -> str:
     return match.output
 
 
-def _exec(mounts: list[dict[str, object]]) -> Event:
+def _exec(mounts: list[dict[str, Any]]) -> Event:
     container = ContainerInfo(full_id="a" * 64, mounts=mounts_from_spec(mounts))
     return Event(type="execve", proc=Process(pid=1, name="sh", cwd="/w"), container=container)
 

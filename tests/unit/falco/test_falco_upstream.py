@@ -11,15 +11,12 @@ import pytest
 from falco_testkit import upstream_rules
 
 from policies.falco.engine import RuleEngine, Ruleset, RuleStatus
+from policies.falco.event import ContainerInfo, Event, FdInfo, Process, UserInfo
 from policies.falco.explain import explain_rule
 from policies.falco.fieldapi import FieldRegistry
+from policies.falco.fields import default_registry
 from policies.falco.loader import load_files, load_texts
 from policies.falco.validate import validate_files
-
-fields_mod = pytest.importorskip("policies.falco.fields", reason="fields.py not written yet")
-event_mod = pytest.importorskip("policies.falco.event", reason="event.py not written yet")
-Event, Process, FdInfo = event_mod.Event, event_mod.Process, event_mod.FdInfo
-ContainerInfo, UserInfo = event_mod.ContainerInfo, event_mod.UserInfo
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +26,7 @@ def upstream() -> Path:
 
 @pytest.fixture(scope="module")
 def reg() -> FieldRegistry:
-    registry: FieldRegistry = fields_mod.default_registry()
-    return registry
+    return default_registry()
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import signal
 from temporalio.worker import Worker
 
 from activities.models import ReapInput
+from activities.capacity import node_capacity
 from activities.node import NodeActivities
 from activities.pool import WarmPool
 from activities.snapshots import SnapshotActivities
@@ -70,6 +71,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         pool=pool,
         registry=config.registry.options(),
         fetch_image=snapshots.ensure_image,
+        capacity=node_capacity(config.nodes.budget),
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]

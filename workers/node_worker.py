@@ -21,8 +21,8 @@ import signal
 
 from temporalio.worker import Worker
 
-from activities.models import ReapInput
 from activities.capacity import node_capacity
+from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
 from activities.snapshots import SnapshotActivities

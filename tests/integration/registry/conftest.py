@@ -3,7 +3,7 @@
 Two servers per session on free loopback ports, each with its own storage in
 a temp dir: one anonymous, one behind htpasswd (bcrypt) basic auth. Images are
 the tests' own: busybox built by `sandbox.oci_archive` and pushed with
-`sandbox.transfer.push_image`. Pulls go into node-1's containerd of the
+`sandbox.transfer.push_image`. Pulls go into node-2's containerd of the
 session stack (tests/integration/conftest.py), whose leak check runs at the end.
 """
 
@@ -144,16 +144,26 @@ async def node1(stack: Stack, stack_config: StackConfig) -> AsyncIterator[Contai
 
 
 @pytest_asyncio.fixture(scope="session")
+async def node2(stack: Stack, stack_config: StackConfig) -> AsyncIterator[Containerd]:
+    """node-2's containerd: the node that pulls what node-1 pushed."""
+    async with await Containerd.connect(
+        str(stack_config.containerd_socket("node-2")),
+        namespace=stack_config.nodes.containerd_namespace,
+    ) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(scope="session")
 async def busybox_local(node1: Containerd) -> ImageInfo:
     """busybox built here, the image the tests push."""
     return await build_busybox_image(node1, BUSYBOX)
 
 
 @pytest_asyncio.fixture
-async def pulled(node1: Containerd) -> AsyncIterator[list[str]]:
-    """Image names a test pulls into node-1; removed when it ends, pass or fail."""
+async def pulled(node2: Containerd) -> AsyncIterator[list[str]]:
+    """Image names a test pulls into node-2; removed when it ends, pass or fail."""
     names: list[str] = []
     yield names
     for name in names:
         with contextlib.suppress(ImageNotFound):
-            await node1.images.remove(name)
+            await node2.images.remove(name)

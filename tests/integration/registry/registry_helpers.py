@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox import Containerd
+from sandbox import Containerd, SandboxSpec
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import build_busybox_rootfs, write_oci_archive
 from sandbox.registry import Credentials, Reference, RegistryOptions, RegistrySession, digest_of
@@ -98,3 +98,13 @@ async def put_raw(
 
 async def _one(blob: bytes) -> AsyncIterator[bytes]:
     yield blob
+
+
+async def run_once(client: Containerd, image: str, command: str) -> str:
+    """stdout of ``command`` in a fresh sandbox of ``image``, which is destroyed after."""
+    box = await client.create_sandbox(f"reg-{uuid.uuid4().hex[:10]}", SandboxSpec(image=image))
+    try:
+        result = await box.exec(command)
+    finally:
+        await client.destroy_sandbox(box.id)
+    return result.stdout

@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
-from registry_helpers import RegistryServer, free_port, marked_image
+from registry_helpers import RegistryServer, free_port, marked_image, run_once
 
 from sandbox import Containerd, SandboxSpec
 from sandbox.images import LAST_USED_LABEL
@@ -26,16 +24,6 @@ from sandbox.registry import (
     RegistrySession,
 )
 from sandbox.transfer import push_image
-from workers.config import StackConfig
-
-
-@pytest_asyncio.fixture(scope="session")
-async def node2(stack_config: StackConfig, node1: Containerd) -> AsyncIterator[Containerd]:
-    async with await Containerd.connect(
-        str(stack_config.containerd_socket("node-2")),
-        namespace=stack_config.nodes.containerd_namespace,
-    ) as client:
-        yield client
 
 
 async def _pushed(
@@ -76,12 +64,7 @@ async def test_pushed_image_is_pulled_on_a_node_without_it_and_runs(
 
     assert image.name == ref and image.digest == local.digest
     assert seen and all(done == total for done, total in seen.values())
-    box = await node2.create_sandbox(f"reg-{uuid.uuid4().hex[:10]}", SandboxSpec(image=ref))
-    try:
-        result = await box.exec("cat /marker")
-    finally:
-        await node2.destroy_sandbox(box.id)
-    assert result.stdout == marker
+    assert await run_once(node2, ref, "cat /marker") == marker
 
 
 async def test_wrong_password_fails_in_one_line_and_leaves_nothing(

@@ -15,14 +15,24 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel
 
 from activities.pool import WarmPool, pool_template
+from corral.bench_elastic import RatePoint, create_idle, destroy_all
 from corral.sdk import Corral
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from workers.config import StackConfig
-from workflows.models import EpisodeSpec, Step
+from workflows.models import EpisodeSpec, Resources, Step
+
+
+class EpisodeMeter(Protocol):
+    """Brackets the episode series (CPU accounting in `corral.bench_peers`)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class Series(BaseModel):
@@ -98,7 +108,11 @@ async def run_bench(
     concurrency: int,
     exec_n: int,
     tick: Callable[[], None] = lambda: None,
+    meter: EpisodeMeter | None = None,
+    cold: bool = False,
 ) -> BenchReport:
+    """`cold`: episodes of a shape the warm pool does not serve (one MiB more
+    memory), so every one creates its sandbox; `meter` brackets the episode series."""
     node = config.node_names()[0]
     tag = uuid.uuid4().hex[:8]
     spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={"corral.bench": tag})
@@ -119,12 +133,24 @@ async def run_bench(
         warm = await _warm_acquire_series(raw, tag, exec_n, tick)
 
     corral = await Corral.connect(config)
-    episode = EpisodeSpec(image="busybox", steps=[Step(cmd="echo hi")], labels={"bench": tag})
+    episode = EpisodeSpec(
+        image="busybox",
+        steps=[Step(cmd="echo hi")],
+        labels={"bench": tag},
+        resources=Resources(memory_mb=Resources().memory_mb + 1) if cold else Resources(),
+    )
+    # Placement is part of the path; with more than one node, pin to the node
+    # the raw series used so that both use one containerd.
+    pinned = node if len(config.node_names()) > 1 else None
 
     async def one_episode(i: int) -> None:
-        await corral.run_episode(episode, episode_id=f"bench-{tag}-{i}", node=node)
+        await corral.run_episode(episode, episode_id=f"bench-{tag}-{i}", node=pinned)
 
+    if meter is not None:
+        meter.start()
     episode_series = await _measure("episode through Temporal", n, concurrency, one_episode, tick)
+    if meter is not None:
+        meter.stop()
     update_exec = await _update_exec_series(corral, node, tag, exec_n, tick)
     series = [raw_series, episode_series, raw_exec, update_exec, warm]
     return BenchReport(
@@ -239,6 +265,7 @@ class DensityReport(BaseModel):
     threads_after: int
     threads_per_sandbox: float
     exec_ok_after: bool
+    creation_rate: list[RatePoint]  # creations per second, per 250 in completion order
 
 
 def _memory_used_mb() -> float:
@@ -261,45 +288,20 @@ async def run_density(
 ) -> DensityReport:
     """N idle sandboxes on one node: memory and threads each, then all removed."""
     node = config.node_names()[0]
-    tag = uuid.uuid4().hex[:8]
     before_mem, before_threads = _memory_used_mb(), _threads()
-    ids = [uuid.uuid4().hex * 2 for _ in range(n)]
     async with await Containerd.connect(
         str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
     ) as raw:
-        limit = asyncio.Semaphore(concurrency)
-        created: list[str] = []
-        failures = 0
-
-        async def make(i: int) -> None:
-            nonlocal failures
-            spec = SandboxSpec(
-                image=BUSYBOX_IMAGE,
-                memory_mb=64,
-                tmpfs_mb=8,
-                shim_group=f"density-{tag}-{i // group}" if group > 1 else None,
-                labels={"corral.bench": tag},
-            )
-            async with limit:
-                try:
-                    await raw.create_sandbox(ids[i], spec, spec.labels)
-                    created.append(ids[i])
-                except Exception:
-                    failures += 1
-                tick()
-
-        started = time.perf_counter()
+        held = await create_idle(raw, n, group=group, concurrency=concurrency, tick=tick)
+        created, failures, wall = held.ids, held.failures, held.wall_s
         try:
-            await asyncio.gather(*(make(i) for i in range(n)))
-            wall = time.perf_counter() - started
             await asyncio.sleep(2)  # let page cache and shims settle before reading
             used = _memory_used_mb() - before_mem
             threads = _threads()
             probe = await raw.get_sandbox(created[0]) if created else None
             exec_ok = bool(probe and (await probe.exec(["true"])).ok)
         finally:
-            for sandbox_id in created:
-                await raw.destroy_sandbox(sandbox_id)
+            await destroy_all(raw, created)
     count = max(len(created), 1)
     return DensityReport(
         requested=n,
@@ -313,4 +315,5 @@ async def run_density(
         threads_after=threads,
         threads_per_sandbox=round((threads - before_threads) / count, 1),
         exec_ok_after=exec_ok,
+        creation_rate=held.rate,
     )

@@ -71,6 +71,25 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     show_default=True,
     help="With --density: sandboxes per shim.",
 )
+@click.option(
+    "--peers",
+    is_flag=True,
+    help="Also time ctr, podman and docker (where installed) and report CPU per episode.",
+)
+@click.option(
+    "--elastic",
+    is_flag=True,
+    help="Instead: busy sandboxes' throughput alone and beside idle ones (elastic CPU).",
+)
+@click.option("--idle", type=click.IntRange(0, 10_000), default=1000, show_default=True)
+@click.option("--busy", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option(
+    "--idle-spinning",
+    type=click.IntRange(0, 10_000),
+    default=0,
+    show_default=True,
+    help="With --elastic: idle sandboxes that keep a CPU-bound process running.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
@@ -81,6 +100,11 @@ async def bench(
     exec_n: int,
     density: int | None,
     shim_group: int,
+    peers: bool,
+    elastic: bool,
+    idle: int,
+    busy: int,
+    idle_spinning: int,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -99,6 +123,14 @@ async def bench(
                 out.print(f"{key:24s} {value}")
         return
 
+    if peers:
+        await _bench_peers(ctx, n, concurrency, exec_n, as_json)
+        return
+
+    if elastic:
+        await _bench_elastic(ctx, idle, busy, idle_spinning, as_json)
+        return
+
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=2 * n + 3 * exec_n)
         result = await run_bench(
@@ -113,6 +145,40 @@ async def bench(
         return
     for line in describe(result):
         out.print(line, markup=False)
+
+
+async def _bench_peers(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bool) -> None:
+    from corral.bench_peers import describe_peers, run_peers
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench --peers", total=6 * n + 6 * exec_n)
+        report = await run_peers(
+            ctx.config,
+            n=n,
+            concurrency=concurrency,
+            exec_n=exec_n,
+            tick=lambda: progress.advance(task),
+        )
+    if as_json:
+        emit_json(report)
+        return
+    for line in describe_peers(report):
+        out.print(line, markup=False)
+
+
+async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_json: bool) -> None:
+    from corral.bench_elastic import run_elastic
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("idle sandboxes", total=idle)
+        report = await run_elastic(
+            ctx.config, idle=idle, busy=busy, spinning=spinning, tick=lambda: progress.advance(task)
+        )
+    if as_json:
+        emit_json(report)
+        return
+    for key, value in report.model_dump().items():
+        out.print(f"{key:24s} {value}", markup=False)
 
 
 COMMANDS = [report, bench]

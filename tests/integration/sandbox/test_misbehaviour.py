@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -223,6 +224,12 @@ async def test_kill_all_inside(ctd: Containerd, make_sandbox: MakeSandbox, neigh
         await asyncio.sleep(0.05)
         status = await killer.status()
     assert status == "stopped"
+    # The whole group is gone, not just the exec's parent: no process is left in any of
+    # the sandbox's cgroups (runc may already have removed them).
+    for controller in ("pids", "memory", "cpu", "blkio"):
+        procs = CGROUP / controller / "corral" / killer.id / "cgroup.procs"
+        with contextlib.suppress(FileNotFoundError):
+            assert procs.read_text().split() == [], controller
     await contained(ctd, killer, neighbour, host_service)
 
 
@@ -274,8 +281,8 @@ async def test_allowlist_through_create_sandbox(ctd: Containerd, make_sandbox: M
 
     # create is idempotent: the same sandbox, the same attachment
     again = await ctd.create_sandbox(box.id, SandboxSpec(
-        image="busybox", network="allowlist", egress=[{"cidr": f"{SRV_ADDR}/32",
-                                                        "port": ALLOWED}]))
+        image="busybox", network="allowlist",
+        egress=[network.EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED)]))
     assert again.id == box.id and (await again.network_attachment()) == att
 
     assert await box.cut_network() is True
@@ -308,3 +315,209 @@ async def test_failed_attach_rolls_back_the_sandbox(ctd: Containerd, busybox: Im
     assert "netfail-1" not in await ctd.task_ids()
     with contextlib.suppress(FileNotFoundError):
         assert "netfail-1" not in os.listdir(ctd.workspace_root)
+
+
+# -- escape drill: user namespace, disk quota, IO and bandwidth limits --------------
+
+CGROUP = Path("/sys/fs/cgroup")
+SETUID_PROBE = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    printf("%d %d\n", (int)getuid(), (int)geteuid());
+    return 0;
+}
+"""
+
+
+def host_uid(pid: int) -> int:
+    """The real uid of ``pid`` as the host sees it."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("Uid:")[1].split()[0])
+
+
+async def init_pid(ctd: Containerd, box: Sandbox) -> int:
+    info = next(i for i in await ctd.list_sandboxes() if i.id == box.id)
+    assert info.pid is not None
+    return info.pid
+
+
+@pytest.fixture(scope="module")
+async def setuid_image(ctd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> ImageInfo:
+    """busybox plus /bin/probe: a static binary, setuid root in the image, printing uid/euid."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc (scripts/setup.sh installs it)")
+    from sandbox.oci_archive import build_busybox_rootfs, write_oci_archive
+
+    tmp = tmp_path_factory.mktemp("suid")
+    rootfs = build_busybox_rootfs(tmp / "rootfs")
+    (tmp / "probe.c").write_text(SETUID_PROBE)
+    probe = rootfs / "bin" / "probe"
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(probe), str(tmp / "probe.c")], check=True)
+    os.chmod(probe, 0o4755)
+    name = "corral.local/setuid-probe:latest"
+    images = await ctd.images.import_archive(write_oci_archive(tmp / "img.tar", [rootfs], name))
+    return next(image for image in images if image.name == name)
+
+
+async def test_root_cannot_read_host_files_left_in_reach(
+        ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
+        host_service: HostService) -> None:
+    """A host-root 0600 file left inside a sandbox by mistake (here: dropped into its
+    workspace from the host) is closed to the sandbox's root; uid 0 without a user
+    namespace (the opt-out) reads it, which is what the user namespace prevents."""
+    boxes = {userns: await make_sandbox(workspace_mb=8, user_namespace=userns)
+             for userns in (True, False)}
+    for box in boxes.values():
+        secret = ctd.workspace_root / box.id / "host-secret"
+        secret.write_text("host only\n")
+        secret.chmod(0o600)
+    mapped = await boxes[True].exec(
+        "id -u; stat -c %u /workspace/host-secret; cat /workspace/host-secret; "
+        "chmod 644 /workspace/host-secret || echo chmod refused")
+    assert mapped.stdout.splitlines()[:2] == ["0", "65534"]  # root, facing an unmapped owner
+    assert "host only" not in mapped.stdout and "Permission denied" in mapped.stderr
+    assert mapped.stdout.endswith("chmod refused\n")
+    opted_out = await boxes[False].exec("cat /workspace/host-secret")
+    assert opted_out.stdout == "host only\n"
+    # On the host, the sandbox's root is the pool's first unprivileged uid, not 0.
+    assert host_uid(await init_pid(ctd, boxes[True])) == ctd.uid_pool.mapping(0).host_id
+    assert host_uid(await init_pid(ctd, boxes[False])) == 0
+    for box in boxes.values():
+        await contained(ctd, box, neighbour, host_service)
+
+
+async def test_setuid_binary_gives_no_host_privileges(
+        ctd: Containerd, make_sandbox: MakeSandbox, setuid_image: ImageInfo,
+        neighbour: Sandbox, host_service: HostService) -> None:
+    box = await make_sandbox(image=setuid_image.name)
+    assert (await box.exec("stat -c %a:%u /bin/probe")).stdout == "4755:0\n"  # as in the image
+    # no_new_privs: the setuid bit does not raise a user's euid inside the sandbox.
+    as_user = await box.exec("/bin/probe", user="1000:1000")
+    assert as_user.stdout == "1000 1000\n"
+    # And the sandbox's root itself is an unprivileged uid on the host.
+    run = asyncio.ensure_future(box.exec("/bin/probe; sleep 30", timeout_s=60))
+    try:
+        probe_pids: list[int] = []
+        for _ in range(100):
+            probe_pids = [int(p) for p in (CGROUP / "pids/corral" / box.id / "cgroup.procs")
+                          .read_text().split()
+                          if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+            if probe_pids:
+                break
+            await asyncio.sleep(0.05)
+        assert probe_pids and all(host_uid(pid) >= ctd.uid_pool.start for pid in probe_pids)
+    finally:
+        await box.exec("pkill sleep")
+        result = await run
+    assert result.stdout.startswith("0 0\n")  # root inside, as the agent expects
+    await contained(ctd, box, neighbour, host_service)
+
+
+async def test_filling_root_hits_the_quota(ctd: Containerd, make_sandbox: MakeSandbox,
+                                          neighbour: Sandbox, host_service: HostService) -> None:
+    filler = await make_sandbox(disk_mb=32)
+    fill = await filler.exec("dd if=/dev/zero of=/fill bs=1M count=200", timeout_s=60)
+    assert fill.exit_code != 0 and "Disk quota exceeded" in fill.stderr
+    # Everything written anywhere on / counts, copy-ups too: another path fails as well.
+    more = await filler.exec("cp /bin/busybox /usr/bin/copy && dd if=/dev/zero of=/etc/more "
+                             "bs=1M count=64", timeout_s=60)
+    assert more.exit_code != 0 and "Disk quota exceeded" in more.stderr
+    size = int((await filler.exec("du -sm /fill")).stdout.split()[0])
+    assert size <= 32
+    # The neighbour (default 1 GiB) writes more than the filler's whole quota.
+    wrote = await neighbour.exec("dd if=/dev/zero of=/big bs=1M count=48 && rm /big",
+                                 timeout_s=60)
+    assert wrote.ok, wrote.stderr
+    assert (await filler.exec("rm /fill && echo freed > /after")).ok  # room again once freed
+    await contained(ctd, filler, neighbour, host_service)
+
+
+def blkio_file(sandbox_id: str, name: str) -> str:
+    return (CGROUP / "blkio/corral" / sandbox_id / f"blkio.throttle.{name}").read_text()
+
+
+FSYNC_PROBE = ("i=0; while [ $i -lt 20 ]; do dd if=/dev/zero of=/probe bs=4k count=1 "
+               "conv=fsync 2>/dev/null; i=$((i+1)); done")
+
+
+async def fsync_probe_s(box: Sandbox, samples: int = 5) -> float:
+    """Median wall time of 20 small fsync'd writes (one exec per sample)."""
+    times = sorted([(await box.exec(FSYNC_PROBE, timeout_s=120)).duration_s
+                    for _ in range(samples)])
+    return times[len(times) // 2]
+
+
+async def test_disk_io_hog_is_throttled(ctd: Containerd, make_sandbox: MakeSandbox,
+                                        neighbour: Sandbox, host_service: HostService) -> None:
+    """The limit is what is asserted; the neighbour's fsync latency with and without the
+    hog is measured and printed (a ratio on a shared 2-core machine is not a safe gate)."""
+    hog = await make_sandbox(io_bps_mb=8, io_iops=400)
+    device, limit = blkio_file(hog.id, "write_bps_device").split()
+    assert int(limit) == 8 << 20
+    assert blkio_file(hog.id, "read_iops_device").split() == [device, "400"]
+    idle = await fsync_probe_s(neighbour)
+    # Direct writes in a loop: every byte goes to the device, none waits in page cache.
+    run = asyncio.ensure_future(hog.exec(
+        "while :; do dd if=/dev/zero of=/hog bs=1M count=64 oflag=direct 2>/dev/null; done",
+        timeout_s=20))
+    try:
+        busy = await fsync_probe_s(neighbour)
+    finally:
+        result = await run
+    assert result.timed_out  # the hog ran the whole time and was stopped at its timeout
+    print(f"neighbour fsync probe: idle {idle:.3f}s, with IO hog {busy:.3f}s, "
+          f"ratio {busy / idle:.2f} (target <= 2)")
+    written = next(int(line.split()[2]) for line in
+                   blkio_file(hog.id, "io_service_bytes").splitlines()
+                   if line.startswith(f"{device} Write"))
+    # Never more than the limit allows over the hog's lifetime (plus one throttle slice).
+    assert 0 < written <= (8 << 20) * (result.duration_s + 1)
+    await contained(ctd, hog, neighbour, host_service)
+
+
+SINK_PORT = 7103
+SINK = r"""
+import socket, sys, threading, time
+def sink(conn):
+    total = 0
+    while chunk := conn.recv(65536):
+        total += len(chunk)
+    conn.sendall(b"%d\n" % total); conn.close()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(8)
+print("ready", flush=True)
+threading.Thread(target=lambda: [sink(s.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+time.sleep(float(sys.argv[2]))  # bounded lifetime even if the test dies
+"""
+
+
+@pytest.fixture
+def sink_ns() -> Iterator[None]:
+    if not shutil.which("nft") or not shutil.which("tc"):
+        pytest.skip("needs nft and tc")
+    argv = [sys.executable, "-c", SINK, str(SINK_PORT), "120"]
+    with server_namespace(SRV_NS, SRV_HOST_IF, SRV_HOST_ADDR, SRV_ADDR, argv):
+        yield
+
+
+async def test_bandwidth_hog_stays_within_its_rate(ctd: Containerd, make_sandbox: MakeSandbox,
+                                                   sink_ns: None, neighbour: Sandbox,
+                                                   host_service: HostService) -> None:
+    rate_mbit, size = 4, 2_000_000
+    hog = await make_sandbox(network="allowlist", egress_mbit=rate_mbit,
+                             egress=[{"cidr": f"{SRV_ADDR}/32", "port": SINK_PORT}])
+    sent = await hog.exec(f"head -c {size} /dev/zero | nc {SRV_ADDR} {SINK_PORT}",
+                          timeout_s=60)
+    assert sent.stdout == f"{size}\n", sent.stderr  # the sink got every byte
+    achieved = size * 8 / sent.duration_s / 1e6
+    print(f"bandwidth hog: {achieved:.2f} Mbit/s against a {rate_mbit} Mbit/s limit")
+    # An upper bound: a slow machine only makes it slower. Slack for the bucket's burst.
+    assert achieved <= rate_mbit * 1.15
+    att = await hog.network_attachment()
+    assert att is not None
+    in_ns = ["nsenter", f"--net=/proc/{att.pid}/ns/net", "tc", "qdisc", "show", "dev"]
+    assert f"rate {rate_mbit}Mbit" in sh(*in_ns, att.sandbox_ifname).stdout
+    assert "tbf" not in sh(*in_ns, "lo").stdout  # loopback inside is not shaped
+    assert f"rate {rate_mbit}Mbit" in sh("tc", "qdisc", "show", "dev", att.host_ifname).stdout
+    await contained(ctd, hog, neighbour, host_service)

@@ -293,7 +293,8 @@ def _with_running_node_count(config: StackConfig, env: dict[str, str] | None) ->
 
     The stack file's `overrides` (written by `corral up --isolated` and
     `corral node up`) say where the running stack really listens and which
-    nodes joined by name; they win over the file and the environment.
+    nodes joined by name; they win over the file, the environment over them
+    (the stack passes each child its settings explicitly).
     """
     stack_file = config.state / "stack.json"
     try:
@@ -301,11 +302,13 @@ def _with_running_node_count(config: StackConfig, env: dict[str, str] | None) ->
         count = int(recorded["nodes"])
     except (OSError, ValueError, KeyError, TypeError):
         return config
+    env_map = dict(os.environ) if env is None else env
     overrides = recorded.get("overrides") or {}
     if overrides:
         merged = _deep_merge(config.model_dump(), overrides)
+        _apply_env(merged, env_map)
         config = StackConfig(root=config.root, **merged)
-    if "CORRAL_NODES" in (os.environ if env is None else env):
+    if "CORRAL_NODES" in env_map:
         return config
     return config.model_copy(update={"nodes": config.nodes.model_copy(update={"count": count})})
 

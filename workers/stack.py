@@ -121,9 +121,19 @@ class Stack:
 
     def _env(self) -> dict[str, str]:
         # Children must read the same config, even if started from elsewhere.
+        # Explicit settings too: the environment this process inherited (e.g. a
+        # test session's other stack) must not leak into this stack's children.
+        c = self.config
         return {
-            "CORRAL_CONFIG": str(self.config.root / "temporal-dev.yaml"),
-            "CORRAL_STATE_DIR": str(self.config.state),
+            "CORRAL_CONFIG": str(c.root / "temporal-dev.yaml"),
+            "CORRAL_STATE_DIR": str(c.state),
+            "CORRAL_TEMPORAL_ADDRESS": c.temporal.address,
+            "CORRAL_TEMPORAL_UI_PORT": str(c.temporal.dev_server.ui_port),
+            "CORRAL_TEMPORAL_METRICS_PORT": str(c.temporal.dev_server.metrics_port),
+            "CORRAL_METRICS_PORT_BASE": str(c.workers.metrics_port_base),
+            "CORRAL_INTAKE_PORT": str(c.intake.port),
+            "CORRAL_NODES": str(c.nodes.count),
+            "CORRAL_WARM_POOL": ",".join(f"{k}={v}" for k, v in c.workers.warm_pool.items()),
             "PYTHONUNBUFFERED": "1",
         }
 

@@ -81,9 +81,12 @@ from workflows.models import (
     FileContent,
     OnCallRequest,
     ReadFileRequest,
+    SnapshotRequest,
+    SnapshotResult,
     StepResult,
     WriteFileRequest,
 )
+from workflows.search_attributes import PARENT_EPISODE
 
 _ERROR_TYPES: dict[str, type[EpisodeError]] = {
     "EpisodeKilled": EpisodeKilled,
@@ -121,6 +124,7 @@ class EpisodeSummary:
     anomaly_rules: list[str]
     start_time: datetime | None
     close_time: datetime | None
+    parent_episode: str = ""  # set on forked episodes
 
 
 class Episode:
@@ -130,10 +134,11 @@ class Episode:
     episode on a clean exit (runs its reward) and cancels it on an exception.
     """
 
-    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, Any], corral: Corral | None = None) -> None:
         self._handle = handle
         self.id = handle.id
         self._result: EpisodeResult | None = None
+        self._corral = corral  # starts the children of `fork`
 
     async def __aenter__(self) -> Episode:
         return self
@@ -213,6 +218,53 @@ class Episode:
     async def status(self) -> EpisodeStatus:
         status: EpisodeStatus = await self._query(EpisodeWorkflow.status)
         return status
+
+    async def snapshot(self, name: str | None = None) -> SnapshotResult:
+        """Commit the sandbox's filesystem as an image (recorded in the episode's
+        history); `EpisodeSpec(image=result.ref)` starts new episodes from it."""
+        try:
+            request = SnapshotRequest(name=name)
+        except ValidationError as err:
+            raise InvalidEpisodeSpec(
+                f"invalid snapshot name {name!r}: up to 128 letters, digits, '_', '.' or '-', "
+                "not starting with '.' or '-'"
+            ) from err
+        result: SnapshotResult = await self._update("snapshot", request, SnapshotResult)
+        return result
+
+    async def fork(
+        self, n: int, steps: list[str | list[str]] | None = None, **changes: Any
+    ) -> list[Episode]:
+        """`n` new episodes that start from this episode's filesystem now; this one goes on.
+
+        Each child is a durable episode with its own sandbox, placed like any
+        episode, with this episode's spec (`changes` override fields) and
+        image = a snapshot taken now. Given `steps`, the children run them
+        (then the reward); else they are interactive. Lineage: each child's
+        `ParentEpisode` search attribute and memo name this episode.
+        """
+        if self._corral is None:
+            raise InvalidEpisodeSpec("fork needs an episode handle from Corral (start_episode)")
+        if n < 1:
+            raise InvalidEpisodeSpec(f"fork n must be at least 1, got {n}")
+        tag = uuid.uuid4().hex[:8]
+        snap = await self.snapshot(f"fork-{tag}")
+        parent: EpisodeSpec = await self._query(EpisodeWorkflow.spec)
+        fields = {
+            **parent.model_dump(exclude={"files", "steps", "interactive"}),
+            "image": snap.ref,
+            "steps": steps or [],
+            "interactive": steps is None,
+            "parent_episode": self.id,
+            **changes,
+        }
+        spec = parse_spec(fields)
+        corral = self._corral
+        return list(
+            await asyncio.gather(
+                *(corral.start_episode(spec, episode_id=f"{self.id}-{tag}-{i}") for i in range(n))
+            )
+        )
 
     async def steps(self) -> list[StepResult]:
         steps: list[StepResult] = await self._query(EpisodeWorkflow.steps)
@@ -333,7 +385,7 @@ class Corral:
             raise EpisodeAlreadyExists(f"episode {episode_id!r} exists already") from err
         except RPCError as err:
             raise _rpc_error(episode_id, err) from err
-        return Episode(handle)
+        return Episode(handle, self)
 
     async def _start(
         self, spec: EpisodeSpec, episode_id: str, node: str | None
@@ -342,6 +394,7 @@ class Corral:
         summary = f"{spec.image}: {steps} step{'s' * (steps != 1)}" + (
             ", interactive" if spec.interactive else ""
         )
+        lineage = spec.parent_episode
         return await self.client.start_workflow(
             EpisodeWorkflow.run,
             self._input(spec, node),
@@ -352,14 +405,18 @@ class Corral:
                     SearchAttributePair(_STATE, "provisioning"),
                     SearchAttributePair(_TENANT, spec.tenant),
                     SearchAttributePair(_IMAGE, spec.image),
+                    *([SearchAttributePair(PARENT_EPISODE, lineage)] if lineage else []),
                 ]
             ),
+            memo={"parent_episode": lineage} if lineage else None,
             static_summary=summary,
             static_details=f"tenant `{spec.tenant}`; labels {spec.labels or '{}'}",
         )
 
     def episode(self, episode_id: str) -> Episode:
-        return Episode(self.client.get_workflow_handle(episode_id))
+        # Typed, so that `result()` decodes an EpisodeResult rather than a dict.
+        handle = self.client.get_workflow_handle_for(EpisodeWorkflow.run, episode_id)
+        return Episode(handle, self)
 
     async def run_episode(self, spec: EpisodeSpec | dict[str, Any], **kwargs: Any) -> EpisodeResult:
         """Start one episode and wait for its result (raises unless it completed)."""
@@ -415,10 +472,13 @@ class Corral:
             )
 
     async def list_episodes(
-        self, query: str | None = None, limit: int = 100
+        self, query: str | None = None, limit: int = 100, *, parent: str | None = None
     ) -> list[EpisodeSummary]:
-        """Episodes from Temporal's visibility, newest first (a List Filter `query`)."""
+        """Episodes from Temporal's visibility, newest first (a List Filter `query`);
+        `parent` keeps the episodes forked from that one."""
         base = "WorkflowType = 'EpisodeWorkflow'"
+        if parent is not None:
+            base += f" AND ParentEpisode = '{_quoted(parent)}'"
         full = f"{base} AND ({query})" if query else base
         try:
             return [_summary(wf) async for wf in self.client.list_workflows(full, limit=limit)]
@@ -445,7 +505,13 @@ def _summary(wf: WorkflowExecution) -> EpisodeSummary:
         anomaly_rules=list(attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule")) or []),
         start_time=wf.start_time,
         close_time=wf.close_time,
+        parent_episode=attrs.get(PARENT_EPISODE) or "",
     )
+
+
+def _quoted(value: str) -> str:
+    """A value inside a single-quoted List Filter string."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _episode_error(episode_id: str, err: WorkflowFailureError) -> EpisodeError:

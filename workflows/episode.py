@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         AnomalySignal,
         EpisodeInput,
         EpisodeResult,
+        EpisodeSpec,
         EpisodeState,
         EpisodeStatus,
         ExecRequest,
@@ -706,6 +707,11 @@ class EpisodeWorkflow:
     @workflow.query
     def steps(self) -> list[StepResult]:
         return self._s.steps
+
+    @workflow.query
+    def spec(self) -> EpisodeSpec:
+        """What the episode runs (forks start their children from it)."""
+        return self._spec
 
     # ------------------------------------------------------------- closing
     async def _close(self, outcome: str, reason: str, reward: StepResult | None) -> EpisodeResult:

@@ -617,7 +617,10 @@ def _container_record(sandbox_id: str, spec: SandboxSpec, image: str, labels: di
                       oci_spec: dict[str, Any], snapshotter: str, runc_root: str) -> Any:
     runtime = containers_pb2.Container.Runtime(name="io.containerd.runc.v2")
     if spec.runtime in ("runc", "crun"):
-        options = oci_pb2.Options(binary_name=spec.runtime, root=runc_root)
+        # No session keyring per sandbox: keyrings are charged to the host uid (a user
+        # namespace range shares one, kernel.keys.maxkeys is 200), and seccomp denies
+        # keyctl/add_key/request_key inside anyway, so the keyring is unreachable.
+        options = oci_pb2.Options(binary_name=spec.runtime, root=runc_root, no_new_keyring=True)
         runtime.options.CopyFrom(
             any_pb2.Any(type_url=RUNC_OPTIONS_TYPE_URL, value=options.SerializeToString())
         )

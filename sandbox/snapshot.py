@@ -73,7 +73,8 @@ async def commit_sandbox(
     manifest = await images._manifest_from_store(base)
     config = await images._read_json(manifest["config"]["digest"])
     async with conn.lease("snapshot") as lease:
-        layer = await _diff_sandbox(conn, sandbox_id, base.chain_id or "", lease)
+        parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
+        layer = await _diff_sandbox(conn, sandbox_id, parent, lease)
         new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
         await images.unpack(new_manifest, chains, lease)
         manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
@@ -84,6 +85,20 @@ async def commit_sandbox(
             LAYER_BYTES_LABEL: str(layer["size"]),
         }
         return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)
+
+
+async def _snapshot_parent(conn: Connection, sandbox_id: str) -> str:
+    """The parent the sandbox's writable layer really sits on: for a user-namespaced
+    sandbox the image's chain chowned into its uid range (sandbox.userns), so the
+    diff holds only what the sandbox changed, not every re-owned file."""
+    try:
+        resp = await conn.snapshots.Stat(
+            snapshots_pb2.StatSnapshotRequest(snapshotter=conn.snapshotter, key=sandbox_id),
+            metadata=conn.md(),
+        )
+    except grpc.aio.AioRpcError:
+        return ""
+    return str(resp.info.parent)
 
 
 async def _container(conn: Connection, sandbox_id: str) -> Any:

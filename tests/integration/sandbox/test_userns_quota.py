@@ -1,0 +1,96 @@
+"""User namespaces and disk quotas on real containerd: the remapped image copy, files
+written through the API, snapshots of a user-namespaced sandbox, a node without quotas."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from sandbox.client import Containerd
+from sandbox.daemon import ContainerdDaemon
+from sandbox.errors import InvalidSpec
+from sandbox.models import ImageInfo, SandboxSpec
+from sandbox.quota import SNAPSHOTTER_DIR
+from sandbox.sandbox import Sandbox
+from sandbox.snapshot import commit_sandbox
+
+pytestmark = pytest.mark.integration
+
+MakeSandbox = Callable[..., Awaitable[Sandbox]]
+
+
+def owner_on_host(ctd: Containerd, box: Sandbox, path: str) -> int:
+    """uid of ``path`` in the sandbox's rootfs, as the host sees it."""
+    bundle = Path(ctd.socket).parent / "state/io.containerd.runtime.v2.task"
+    return os.stat(bundle / ctd.namespace / box.id / "rootfs" / path.lstrip("/")).st_uid
+
+
+async def test_one_remapped_copy_per_range(
+    ctd: Containerd, busybox: ImageInfo, make_sandbox: MakeSandbox
+) -> None:
+    first, second = await make_sandbox(), await make_sandbox()
+    other = await make_sandbox(userns_range=1)
+    remapped = [k for k in await ctd.snapshot_keys() if "@userns-" in k]
+    pool = ctd.uid_pool
+    assert sorted(remapped) == sorted(
+        f"{busybox.chain_id}{pool.mapping(i).snapshot_suffix}" for i in (0, 1)
+    )
+    for box in (first, second, other):
+        assert (await box.exec("id -u; stat -c %u /bin/busybox /")).stdout == "0\n0\n0\n"
+    assert owner_on_host(ctd, first, "/bin/busybox") == pool.mapping(0).host_id
+    assert owner_on_host(ctd, other, "/bin/busybox") == pool.mapping(1).host_id
+
+
+async def test_files_through_the_api_belong_to_the_sandbox_user(
+    ctd: Containerd, make_sandbox: MakeSandbox
+) -> None:
+    box = await make_sandbox(workspace_mb=8)
+    await box.write_file("/workspace/a.txt", b"a")
+    await box.write_file("/etc/b.txt", b"b")
+    assert await box.read_file("/etc/b.txt") == b"b"
+    assert (await box.exec("stat -c %u /workspace/a.txt /etc/b.txt")).stdout == "0\n0\n"
+    assert owner_on_host(ctd, box, "/etc/b.txt") == ctd.uid_pool.mapping(0).host_id
+    # A non-root sandbox user owns its workspace, inside and (shifted) on the host.
+    agent = await make_sandbox(workspace_mb=8, user="1000:1000")
+    assert (await agent.exec("echo x > /workspace/u && stat -c %u /workspace/u")).stdout == "1000\n"
+    volume = ctd.workspace_root / agent.id / "u"
+    assert volume.stat().st_uid == ctd.uid_pool.mapping(0).to_host(1000)
+
+
+async def test_snapshot_of_a_user_namespaced_sandbox_holds_only_its_changes(
+    ctd: Containerd, make_sandbox: MakeSandbox
+) -> None:
+    box = await make_sandbox()
+    await box.write_file("/root/state.txt", b"kept")
+    image = await commit_sandbox(
+        ctd.connection, ctd.images, box.id, "corral.local/defense-snap:1", {}
+    )
+    try:
+        # The layer holds one small file, not a re-owned copy of the whole image.
+        assert int(image.labels["corral.snapshot.layer_bytes"]) < 64 * 1024
+        child = await make_sandbox(image=image.name)
+        assert (
+            await child.exec("cat /root/state.txt; stat -c %u /root/state.txt /bin/busybox")
+        ).stdout == "kept0\n0\n"
+    finally:
+        await ctd.images.remove(image.name)
+
+
+async def test_disk_quota_needs_the_quota_filesystem(tmp_path: Path, busybox: ImageInfo) -> None:
+    """A node whose snapshotter dir predates quotas refuses disk_mb, naming the way out."""
+    daemon = ContainerdDaemon(tmp_path / "noquota")
+    legacy = daemon.root_dir / "root" / SNAPSHOTTER_DIR
+    legacy.mkdir(parents=True, exist_ok=True)
+    (legacy / "metadata.db").touch()  # a snapshotter that has been used
+    await daemon.start()
+    try:
+        async with await Containerd.connect(daemon.socket, namespace="noquota") as client:
+            with pytest.raises(InvalidSpec, match=r"disk_mb 1024: .* set disk_mb to None"):
+                await client.create_sandbox("nq-1", SandboxSpec(image="busybox"))
+            assert await client.container_ids() == []
+            assert await client.snapshot_keys() == []
+    finally:
+        await daemon.stop(kill_shims=True)

@@ -160,21 +160,43 @@ async def episode_show(ctx: Context, episode_id: str, as_json: bool) -> None:
             click.echo(f"{episode_id}: {type(err).__name__}: {err}")
 
 
+@episode.command("snapshot")
+@click.argument("episode_id")
+@click.option("--name", default=None, help="The snapshot's tag (default: s<N>).")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@run_async
+async def episode_snapshot(ctx: Context, episode_id: str, name: str | None, as_json: bool) -> None:
+    """Commit a running episode's filesystem as an image; prints the ref to start from."""
+    corral = await Corral.connect(ctx.config)
+    snap = await corral.episode(episode_id).snapshot(name)
+    if as_json:
+        emit_json(snap)
+        return
+    click.echo(snap.ref)
+
+
 @episode.command("list")
 @click.option("--state", default=None, help="EpisodeState, e.g. running, quarantined.")
 @click.option("--query", default=None, help="A Temporal List Filter.")
+@click.option("--parent", default=None, help="Only the episodes forked from this one.")
 @click.option("--limit", type=int, default=50)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
 async def episode_list(
-    ctx: Context, state: str | None, query: str | None, limit: int, as_json: bool
+    ctx: Context,
+    state: str | None,
+    query: str | None,
+    parent: str | None,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """List episodes (newest first) from Temporal's visibility store."""
     clauses = [f"EpisodeState = '{state}'"] if state else []
     clauses += [query] if query else []
     corral = await Corral.connect(ctx.config)
-    rows = await corral.list_episodes(" AND ".join(clauses) or None, limit=limit)
+    rows = await corral.list_episodes(" AND ".join(clauses) or None, limit=limit, parent=parent)
     if as_json:
         emit_json([r.__dict__ for r in rows])
         return

@@ -31,6 +31,10 @@ class Resources(_Spec):
     pids_limit: int = Field(default=256, ge=8, le=32768)
     nofile: int = Field(default=1024, ge=64, le=1_048_576)
     tmpfs_mb: int = Field(default=64, ge=1, le=65536)
+    # Quota on everything the sandbox writes to / (None: unbounded); disk IO limits.
+    disk_mb: int | None = Field(default=1024, ge=16, le=1_048_576)
+    io_bps_mb: int | None = Field(default=200, ge=1, le=100_000)
+    io_iops: int | None = Field(default=4000, ge=10, le=10_000_000)
     # False: `cpu_cores` is a ceiling while a step runs, not a reservation (the
     # sandbox's weight drops to the minimum between steps: sandbox/cgroups.py).
     # True: full weight always, like a fixed reservation.
@@ -46,6 +50,8 @@ class EgressRule(_Spec):
 class Network(_Spec):
     mode: Literal["none", "allowlist"] = "none"
     egress: list[EgressRule] = Field(default_factory=list)
+    # tc rate of the allowlist veth, each direction (None: unshaped).
+    egress_mbit: int | None = Field(default=100, ge=1, le=100_000)
 
     @model_validator(mode="after")
     def _egress_needs_allowlist(self) -> Network:
@@ -104,6 +110,8 @@ class EpisodeSpec(_Spec):
     tenant: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     labels: dict[str, str] = Field(default_factory=dict)
     runtime: str = "runc"
+    # False (root in the sandbox is root on the host) only where the tenant allows it.
+    user_namespace: bool = True
     output_limit_bytes: int = Field(default=65536, ge=1024, le=16 * 1024 * 1024)
     # A step lost with its sandbox or node may run again (once) when True.
     idempotent_steps: bool = False

@@ -59,6 +59,7 @@ from sandbox import Containerd, ExecResult, SandboxSpec, network
 from sandbox.cgroups import CPU_MODE_LABEL, IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, SandboxError, SandboxNotFound
 from sandbox.registry import RegistryOptions
+from sandbox.userns import range_for_tenant
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
@@ -83,11 +84,17 @@ def sandbox_spec_for(spec: EpisodeSpec, labels: dict[str, str]) -> SandboxSpec:
             pids_limit=spec.resources.pids_limit,
             nofile=spec.resources.nofile,
             tmpfs_mb=spec.resources.tmpfs_mb,
+            disk_mb=spec.resources.disk_mb,
+            io_bps_mb=spec.resources.io_bps_mb,
+            io_iops=spec.resources.io_iops,
             env=spec.env,
             runtime=spec.runtime,
             labels=labels,
             network=spec.network.mode,
             egress=[network.EgressRule(**rule.model_dump()) for rule in spec.network.egress],
+            egress_mbit=spec.network.egress_mbit,
+            user_namespace=spec.user_namespace,
+            userns_range=range_for_tenant(spec.tenant),
         )
     except ValueError as err:
         raise _app_error_from_message("InvalidSpec", f"invalid episode spec: {err}") from err

@@ -85,8 +85,10 @@ class Task:
         parsed = parse_spec(spec)
         if parsed.reward is None:
             raise InvalidEpisodeSpec(f"task {name!r}: its spec has no reward command")
-        # The policy drives the episode, so it waits for requests after its steps.
-        return cls(name, prompt, parsed.model_copy(update={"interactive": True}))
+        # The policy drives the episode, so it waits for requests after its steps;
+        # the label names the task in the Web UI and in `corral export`.
+        update = {"interactive": True, "labels": {"task": name, **parsed.labels}}
+        return cls(name, prompt, parsed.model_copy(update=update))
 
 
 @dataclass(frozen=True)

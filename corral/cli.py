@@ -196,9 +196,18 @@ async def demo(ctx: Context, episodes: int) -> None:
 
 # from corral.cli_* modules: images, sandboxes, episodes, policies, reports, bench
 def _register() -> None:
-    from corral import cli_episodes, cli_images, cli_nodes, cli_policy, cli_tenants, cli_tools
+    from corral import (
+        cli_episodes,
+        cli_export,
+        cli_images,
+        cli_nodes,
+        cli_policy,
+        cli_tenants,
+        cli_tools,
+    )
 
-    for module in (cli_images, cli_episodes, cli_policy, cli_tools, cli_nodes, cli_tenants):
+    modules = (cli_images, cli_episodes, cli_policy, cli_tools, cli_nodes, cli_tenants)
+    for module in (*modules, cli_export):
         for command in module.COMMANDS:
             cli.add_command(command)
 

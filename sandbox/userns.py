@@ -41,6 +41,7 @@ DEFAULT_RANGES = 1024
 # Keeps the committed copy from containerd's garbage collector between sandboxes.
 GC_ROOT_LABEL = "containerd.io/gc.root"
 REMAP_LABEL = "corral.userns"
+DEFAULT_TENANT = "default"
 
 
 class UsernsError(SandboxError):
@@ -96,9 +97,17 @@ class UidPool:
         return IdMapping(self.start + index * self.size, self.size)
 
 
-def range_for_tenant(tenant: str, ranges: int) -> int:
-    """A stable range index for ``tenant`` (its sandboxes share one remapped image copy)."""
-    return int.from_bytes(hashlib.sha256(tenant.encode()).digest()[:8], "big") % ranges
+def range_for_tenant(tenant: str, ranges: int = DEFAULT_RANGES) -> int:
+    """A stable range index for ``tenant``: its sandboxes share one remapped image copy.
+
+    The "default" tenant gets range 0, the warm pool's (``activities.pool``
+    serves only specs of its template's shape, range included); every other
+    tenant one of the rest, by hash.
+    """
+    if tenant == DEFAULT_TENANT or ranges == 1:
+        return 0
+    digest = int.from_bytes(hashlib.sha256(tenant.encode()).digest()[:8], "big")
+    return 1 + digest % (ranges - 1)
 
 
 def check_opt_out(user_namespace: bool, tenant: str, tenant_allows: bool) -> None:

@@ -61,6 +61,9 @@ def test_mapping_translates_both_ways() -> None:
 
 def test_tenant_ranges_are_stable_and_spread() -> None:
     assert range_for_tenant("acme", 1024) == range_for_tenant("acme", 1024)
+    assert range_for_tenant("default", 1024) == 0  # the warm pool's range
+    assert 1 <= range_for_tenant("acme", 1024) < 1024
+    assert range_for_tenant("acme", 1) == 0
     assert len({range_for_tenant(f"t{i}", 1024) for i in range(50)}) > 40
 
 

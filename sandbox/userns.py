@@ -191,17 +191,26 @@ def allow_traverse(path: Path) -> list[Path]:
     return changed
 
 
-def sandbox_uid(pid: int, host_uid: int) -> int:
-    """``host_uid`` as the process ``pid`` sees it (its user namespace's uid_map); -1 if unmapped.
+OVERFLOW_ID = 65534  # what a user namespace shows for an unmapped id
 
-    What a sensor needs to report ``user.uid`` as seen inside a sandbox.
+
+def read_mappings(pid: int) -> tuple[IdMapping, IdMapping] | None:
+    """The (uid, gid) mappings of ``pid``'s user namespace (identity outside one); None if gone.
+
+    A sandbox maps one range from 0 (``IdMapping.oci``): the first line says it all.
     """
-    try:
-        lines = Path(f"/proc/{pid}/uid_map").read_text().splitlines()
-    except OSError:
-        return host_uid
-    for line in lines:
-        inside, outside, count = (int(x) for x in line.split())
-        if outside <= host_uid < outside + count:
-            return inside + host_uid - outside
-    return -1
+    found = []
+    for name in ("uid_map", "gid_map"):
+        try:
+            first = Path(f"/proc/{pid}/{name}").read_text().split()
+        except OSError:
+            return None
+        inside, outside, count = (int(x) for x in first[:3])
+        found.append(IdMapping(outside - inside, count))
+    return found[0], found[1]
+
+
+def id_inside(mapping: IdMapping, host_id: int) -> int:
+    """``host_id`` as seen inside the namespace of ``mapping``."""
+    inside = mapping.to_sandbox(host_id)
+    return OVERFLOW_ID if inside is None else inside

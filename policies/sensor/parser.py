@@ -16,6 +16,7 @@ from policies.sensor import flags as fl
 from policies.sensor import program as pg
 from policies.sensor.cgroups import CgroupMap
 from policies.sensor.proctable import ProcessTable, exe_in_upper_layer
+from sandbox import userns
 
 EINPROGRESS = 115
 HDR = 8  # (code, nsecs, tid, pid, cgid, uid, gid, comm)
@@ -117,6 +118,7 @@ class Parser:
         self._wall_offset = time.time_ns() - time.monotonic_ns()
         self._hostname = socket.gethostname()
         self._users: dict[tuple[str | None, int, int], UserInfo] = {}
+        self._id_maps: dict[str, tuple[userns.IdMapping, userns.IdMapping]] = {}
         self._upper: dict[str, bool] = {}
 
     # ------------------------------------------------------------ lines
@@ -177,6 +179,7 @@ class Parser:
         container = self.cgroups.container(cgid, pid)
         cid = container.full_id if container else None
         proc.container_id = proc.container_id or cid
+        uid, gid = self._inside_ids(cid, pid, uid, gid)
         proc.uid, proc.gid = uid, gid
         self._num += 1
         return Event(
@@ -184,6 +187,22 @@ class Parser:
             user=self._user(proc, uid, cid), group=self._group(proc, gid, cid),
             num=self._num, wall_ns=ts + self._wall_offset, hostname=self._hostname,
         )  # fmt: skip
+
+    def _inside_ids(self, cid: str | None, pid: int, uid: int, gid: int) -> tuple[int, int]:
+        """uid and gid as the sandbox sees them, as Falco reports a container's user.
+
+        A user-namespaced sandbox's root is an unprivileged host uid (sandbox.userns);
+        its /etc/passwd and the rules speak of 0. One /proc read per sandbox.
+        """
+        if cid is None:
+            return uid, gid
+        maps = self._id_maps.get(cid)
+        if maps is None:
+            maps = userns.read_mappings(pid)
+            if maps is None:  # gone already: report what the kernel said
+                return uid, gid
+            self._id_maps[cid] = maps
+        return userns.id_inside(maps[0], uid), userns.id_inside(maps[1], gid)
 
     def _user(self, proc: Process, uid: int, cid: str | None) -> UserInfo:
         key = (cid, uid, proc.loginuid)

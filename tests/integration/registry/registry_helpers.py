@@ -17,6 +17,7 @@ from sandbox import Containerd, SandboxSpec
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import build_busybox_rootfs, write_oci_archive
 from sandbox.registry import Credentials, Reference, RegistryOptions, RegistrySession, digest_of
+from sandbox.transfer import push_image
 
 
 @dataclass
@@ -63,6 +64,18 @@ async def marked_image(client: Containerd, name: str, marker: str | None = None)
         archive = write_oci_archive(Path(tmp) / "image.tar", [rootfs, extra], name)
         images = await client.images.import_archive(archive)
     return next(image for image in images if image.name == name)
+
+
+async def push_marked(
+    node1: Containerd, registry: RegistryServer, options: RegistryOptions, marker: str | None = None
+) -> tuple[str, ImageInfo]:
+    """A fresh marked image on node-1, pushed to ``registry``; (remote ref, local image)."""
+    repo = f"tests/img-{uuid.uuid4().hex[:8]}"
+    local = await marked_image(node1, f"corral.local/{repo}:v1", marker)
+    ref = registry.ref(repo, "v1")
+    await push_image(node1.images, local.name, ref, options, registry.credentials)
+    await node1.images.remove(local.name)
+    return ref, local
 
 
 def layer_tar(files: dict[str, str]) -> bytes:

@@ -10,11 +10,10 @@ import json
 import uuid
 
 import pytest
-from registry_helpers import RegistryServer, free_port, marked_image, run_once
+from registry_helpers import RegistryServer, free_port, push_marked, run_once
 
 from sandbox import Containerd, SandboxSpec
 from sandbox.images import LAST_USED_LABEL
-from sandbox.models import ImageInfo
 from sandbox.registry import (
     Credentials,
     ImagePullFailed,
@@ -23,19 +22,6 @@ from sandbox.registry import (
     RegistryOptions,
     RegistrySession,
 )
-from sandbox.transfer import push_image
-
-
-async def _pushed(
-    node1: Containerd, registry: RegistryServer, options: RegistryOptions, marker: str | None = None
-) -> tuple[str, ImageInfo]:
-    """A fresh marked image on node-1, pushed to ``registry``; (remote ref, local image)."""
-    repo = f"tests/img-{uuid.uuid4().hex[:8]}"
-    local = await marked_image(node1, f"corral.local/{repo}:v1", marker)
-    ref = registry.ref(repo, "v1")
-    await push_image(node1.images, local.name, ref, options, registry.credentials)
-    await node1.images.remove(local.name)
-    return ref, local
 
 
 async def _nothing_left(client: Containerd, name: str, content_before: set[str]) -> None:
@@ -51,7 +37,7 @@ async def test_pushed_image_is_pulled_on_a_node_without_it_and_runs(
     pulled: list[str],
 ) -> None:
     marker = uuid.uuid4().hex
-    ref, local = await _pushed(node1, auth_registry, options, marker)
+    ref, local = await push_marked(node1, auth_registry, options, marker)
     seen: dict[str, tuple[int, int]] = {}
 
     pulled.append(ref)
@@ -73,7 +59,7 @@ async def test_wrong_password_fails_in_one_line_and_leaves_nothing(
     auth_registry: RegistryServer,
     options: RegistryOptions,
 ) -> None:
-    ref, _ = await _pushed(node1, auth_registry, options)
+    ref, _ = await push_marked(node1, auth_registry, options)
     before = await node2.images.content_digests()
 
     for credentials, reason in [
@@ -121,7 +107,7 @@ async def test_corrupt_layer_in_the_registry_is_refused_and_nothing_is_kept(
     open_registry: RegistryServer,
     options: RegistryOptions,
 ) -> None:
-    ref, _ = await _pushed(node1, open_registry, options)
+    ref, _ = await push_marked(node1, open_registry, options)
     async with RegistrySession(Reference.parse(ref), options) as registry:
         manifest = json.loads((await registry.get_manifest("v1"))[0])
     marker_layer = manifest["layers"][-1]["digest"]
@@ -147,7 +133,7 @@ async def test_concurrent_first_uses_of_one_image_share_one_pull(
     options: RegistryOptions,
     pulled: list[str],
 ) -> None:
-    ref, local = await _pushed(node1, open_registry, options)
+    ref, local = await push_marked(node1, open_registry, options)
     started = node2.pulls.pulls_started
     pulled.append(ref)
 
@@ -164,9 +150,9 @@ async def test_prune_removes_least_recently_used_unused_images_first(
     options: RegistryOptions,
     pulled: list[str],
 ) -> None:
-    old_ref, _ = await _pushed(node1, open_registry, options)
-    new_ref, _ = await _pushed(node1, open_registry, options)
-    busy_ref, _ = await _pushed(node1, open_registry, options)
+    old_ref, _ = await push_marked(node1, open_registry, options)
+    new_ref, _ = await push_marked(node1, open_registry, options)
+    busy_ref, _ = await push_marked(node1, open_registry, options)
     pulled.extend([old_ref, new_ref, busy_ref])
     for ref in (old_ref, new_ref, busy_ref):
         await node2.pulls.ensure(ref, options)
@@ -194,7 +180,7 @@ async def test_prune_to_zero_keeps_local_images_and_those_in_use(
     options: RegistryOptions,
     pulled: list[str],
 ) -> None:
-    ref, _ = await _pushed(node1, open_registry, options)
+    ref, _ = await push_marked(node1, open_registry, options)
     pulled.append(ref)
     await node2.pulls.ensure(ref, options)
     local_before = {i.name for i in await node2.images.list() if i.name.startswith("corral.local/")}

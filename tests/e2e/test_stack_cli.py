@@ -78,3 +78,36 @@ def _report_when(env: dict[str, str], episodes: int) -> dict[str, object]:
             assert report["episodes_total"] == episodes, report
             return report
         time.sleep(1)
+
+
+def test_control_role_and_a_node_joined_by_name(cli_env: dict[str, str]) -> None:
+    """`up --role control` starts no node; `node up --name` joins one, drain, down."""
+    state = cli_env["CORRAL_STATE_DIR"]
+    corral("up", "--role", "control", env=cli_env)
+    status = json.loads(corral("status", "--json", env=cli_env).stdout)
+    names = {c["name"] for c in status["components"]}
+    assert {"temporal", "workflow-worker", "intake"} <= names
+    assert not any(name.startswith(("containerd-", "node-worker-")) for name in names)
+
+    joined = corral("node", "up", "--name", "edge-1", env=cli_env)
+    assert "edge-1 is up" in joined.stdout
+    nodes = {n["heartbeat"]["name"]: n["state"] for n in _node_list(cli_env)}
+    assert nodes == {"edge-1": "ready"}
+
+    corral("node", "drain", "edge-1", env=cli_env)
+    assert {n["heartbeat"]["name"]: n["state"] for n in _node_list(cli_env)} == {
+        "edge-1": "draining"
+    }
+    corral("node", "up", "--name", "edge-1", env=cli_env)  # up again undrains
+    assert {n["heartbeat"]["name"]: n["state"] for n in _node_list(cli_env)} == {"edge-1": "ready"}
+
+    down = corral("node", "down", "edge-1", env=cli_env)
+    assert "node-worker-edge-1" in down.stdout and "containerd-edge-1" in down.stdout
+    assert not [p for p in processes_of(state) if "edge-1" in p]
+    corral("down", env=cli_env)
+    assert processes_of(state) == []
+
+
+def _node_list(env: dict[str, str]) -> list[dict[str, object]]:
+    nodes: list[dict[str, object]] = json.loads(corral("node", "list", "--json", env=env).stdout)
+    return nodes

@@ -42,7 +42,7 @@ def fleet_overrides(offset: int) -> dict[str, dict[str, object]]:
             "address": f"127.0.0.1:{21233 + offset}",
             "dev_server": {"ui_port": 22233 + offset, "metrics_port": 23233 + offset},
         },
-        "workers": {"metrics_port_base": 23460 + offset, "warm_pool": {}},
+        "workers": {"metrics_port_base": 23460 + offset, "warm_pool": ""},  # no pool
         "intake": {"port": 22765 + offset},
         "nodes": {"count": FLEET_NODES, "isolated": True},
         "observability": {"traces": "file"},

@@ -29,9 +29,18 @@ from policies.falco.expand import (
     iter_checks,
 )
 from policies.falco.fieldapi import FieldRegistry
-from policies.falco.grammar import And, BinaryCheck, FieldValue, Node, Not, Or, UnaryCheck
+from policies.falco.grammar import (
+    And,
+    BinaryCheck,
+    FieldValue,
+    ListValue,
+    Node,
+    Not,
+    Or,
+    UnaryCheck,
+)
 from policies.falco.loader import ItemContext, RuleLoadError, UnknownFieldError
-from policies.falco.operators import Predicate, field_to_field, lift, scalar_test
+from policies.falco.operators import Predicate, field_to_field, lift, modified_test, scalar_test
 from policies.falco.transformers import Getter, make_getter, to_text
 from policies.falco.typecheck import ResolvedField, check_operator, resolve_field
 
@@ -67,6 +76,8 @@ def _compile_check(
         return lambda ev: (v := get(ev)) is not None and v != []
     if isinstance(check.value, FieldValue):
         return field_to_field(check, get, registry, ctx)
+    if check.modifier and isinstance(check.value, ListValue):
+        return lift(get, modified_test(check.op, check.modifier, check.value, fld, ctx))
     return lift(get, scalar_test(check.op, check.value, fld, ctx))
 
 

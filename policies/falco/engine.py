@@ -38,6 +38,7 @@ from policies.falco.grammar import And, BinaryCheck, FieldRef, ListValue, Node, 
 from policies.falco.loader import (
     COMPILE_CONDITION,
     COMPILE_OUTPUT,
+    DEPRECATED_ITEM,
     NO_EVTTYPE,
     SYSCALL_SOURCE,
     UNKNOWN_FILTER,
@@ -51,6 +52,7 @@ from policies.falco.loader import (
     Priority,
     RuleInfo,
     RuleLoadError,
+    UnknownEventTypeError,
     UnsupportedOperatorError,
     load_files,
     load_texts,
@@ -180,10 +182,11 @@ class _Builder:
         self.failures: list[RuleLoadError] = []
 
     def build(self) -> Ruleset:
-        self._check_macros()
+        expansions = self._check_macros()
         rules = sorted(self.load.rules.values(), key=lambda r: r.index)
         entries = [self._entry(r) for r in rules]
-        self._warn_unused(entries)
+        expansions += [e.expansion for e in entries if e.expansion]
+        self._warn_unused(expansions)
         return Ruleset(self.load, entries, self.failures)
 
     def _fail(self, err: RuleLoadError) -> None:
@@ -191,13 +194,15 @@ class _Builder:
             raise err
         self.failures.append(err)
 
-    def _check_macros(self) -> None:
+    def _check_macros(self) -> list[Expansion]:
         # Falco parses and resolves every macro, used or not.
+        expansions = []
         for macro in sorted(self.load.macros.values(), key=lambda m: m.index):
             try:
-                self.expander.expand(macro.condition, macro.ctx)
+                expansions.append(self.expander.expand(macro.condition, macro.ctx))
             except RuleLoadError as e:
                 self._fail(e)
+        return expansions
 
     def _entry(self, rule: RuleInfo) -> RuleEntry:
         text = condition_with_exceptions(rule)
@@ -227,7 +232,7 @@ class _Builder:
     def _compile(self, entry: RuleEntry) -> None:
         rule = entry.info
         assert entry.expansion is not None
-        output = OutputTemplate(rule.output, self.registry)
+        output = OutputTemplate(self._output_text(rule), self.registry)
         # Falco's order: exception fields (collector), output, then condition (compiler).
         for names, code in (
             (self._unknown_exception_fields(rule), VALIDATE),
@@ -244,12 +249,29 @@ class _Builder:
                 raise
             entry.status, entry.reason = RuleStatus.UNSUPPORTED, e.reason
             return
+        except UnknownEventTypeError as e:
+            if not rule.skip_if_unknown_filter:
+                self._fail(e)
+                entry.status, entry.reason = RuleStatus.ERROR, e.reason
+                return
+            self.load.warn(
+                f"skipped (skip-if-unknown-filter): {e.reason}", rule.ctx, UNKNOWN_FILTER
+            )
+            entry.status, entry.reason = RuleStatus.UNSUPPORTED, e.reason
+            return
         except RuleLoadError as e:
             self._fail(e)
             entry.status, entry.reason = RuleStatus.ERROR, e.reason
             return
         entry.output = output
         self._warn_compiled(entry)
+
+    def _output_text(self, rule: RuleInfo) -> str:
+        if _CONTAINER_INFO not in rule.output:
+            return rule.output
+        self.load.warn(f"{_CONTAINER_INFO} is deprecated and expands to nothing", rule.ctx,
+                       DEPRECATED_ITEM)  # fmt: skip
+        return rule.output.replace(_CONTAINER_INFO, "")
 
     def _unknown_fields(self, entry: RuleEntry, names: list[str], code: str) -> None:
         """A field this sensor does not serve: Falco refuses the rule if it does
@@ -281,20 +303,28 @@ class _Builder:
             self.load.warn("rule matches too many evt.type values (every event type but a few, "
                            "or no evt.type restriction): slow", rule.ctx, NO_EVTTYPE)  # fmt: skip
 
-    def _warn_unused(self, entries: list[RuleEntry]) -> None:
+    def _warn_unused(self, expansions: list[Expansion]) -> None:
+        """Falco counts a macro or list as used when any rule, macro or list names
+        it (a macro only an unused macro names is still "used")."""
         used_macros: set[str] = set()
-        used_lists: set[str] = set()
-        for e in entries:
-            if e.expansion:
-                used_macros |= e.expansion.macros
-                used_lists |= e.expansion.lists
+        used_lists = {i for lst in self.load.lists.values() for i in lst.items
+                      if i in self.load.lists}  # fmt: skip
+        for expansion in expansions:
+            used_macros |= expansion.macros
+            used_lists |= expansion.lists
         for name, macro in self.load.macros.items():
             if name not in used_macros:
-                self.load.warn("macro not referenced by any rule", macro.ctx, UNUSED_MACRO)
+                self.load.warn("macro not referred to by any other rule/macro", macro.ctx,
+                               UNUSED_MACRO)  # fmt: skip
         for name, lst in self.load.lists.items():
             if name not in used_lists:
-                self.load.warn("list not referenced by any rule", lst.ctx, UNUSED_LIST)
+                self.load.warn("list not referred to by any other rule/macro", lst.ctx,
+                               UNUSED_LIST)  # fmt: skip
 
+
+# Falco no longer expands this output token (the container plugin adds its fields).
+_CONTAINER_INFO = "%container.info"
+_NA_CHECK_OPS = ("=", "==", "!=", "in", "intersects", "pmatch")
 
 # Falco warns about rules whose event-type set is empty or larger than this.
 _MAX_EVTTYPES = 100
@@ -308,7 +338,11 @@ def _exception_fields(ex: ExceptionInfo) -> list[str]:
 def _compares_with_na(node: Node) -> bool:
     """Falco warns only for its JSON-event sources' fields (``ka.*``, ``jevt.*``)."""
     for check in iter_checks(node):
-        if isinstance(check, BinaryCheck) and check.field.name.startswith(("ka.", "jevt.")):
+        if (
+            isinstance(check, BinaryCheck)
+            and check.field.name.startswith(("ka.", "jevt."))
+            and check.op in _NA_CHECK_OPS
+        ):
             rhs = check.value
             items = rhs.items if isinstance(rhs, ListValue) else (rhs,)
             if any(isinstance(v, Value) and v.text == "<NA>" for v in items):

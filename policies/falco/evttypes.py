@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 
 from policies.falco.grammar import And, BinaryCheck, ListValue, Node, Not, Or, Value
-from policies.falco.loader import FieldTypeError, ItemContext
+from policies.falco.loader import ItemContext, UnknownEventTypeError
 
 _NAMES_FILE = Path(__file__).with_name("event_names.txt")
 
@@ -24,7 +24,7 @@ def check_event_type_values(check: BinaryCheck, ctx: ItemContext | None) -> None
     names = _evt_type_values(check)
     unknown = sorted((names or frozenset()) - known_event_types())
     if unknown:
-        raise FieldTypeError(f"unknown event type {', '.join(unknown)}", ctx)
+        raise UnknownEventTypeError(f"unknown event type {', '.join(unknown)}", ctx)
 
 
 # --- event types ----------------------------------------------------------------
@@ -80,6 +80,8 @@ def _evt_type_values(check: BinaryCheck) -> frozenset[str] | None:
         return None
     if check.op not in ("=", "==", "!=", "in"):
         return None
+    if check.op == "!=" and check.modifier not in (None, "allof"):
+        return None  # true for every type once two names differ: no restriction
     rhs = check.value
     if isinstance(rhs, Value):
         return frozenset((rhs.text,))

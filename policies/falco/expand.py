@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.falco.grammar import (
@@ -27,6 +27,7 @@ from policies.falco.grammar import (
     Or,
     UnaryCheck,
     Value,
+    is_modified_operator,
     is_quoted,
     parse_condition,
     quote_value,
@@ -75,7 +76,7 @@ def _exception_text(ex: ExceptionInfo) -> str:
         for fld, comp, val in zip(ex.fields, comps, values, strict=True):
             if isinstance(val, list):
                 rhs = "(" + ", ".join(_quote_item(str(v)) for v in val) + ")"
-            elif comp in LIST_OPS:
+            elif comp in LIST_OPS or is_modified_operator(comp):
                 rhs = _paren_item(str(val))
             else:
                 rhs = _quote_item(str(val))
@@ -140,8 +141,8 @@ class Expander:
         if isinstance(node, (And, Or)):
             children = tuple(self._node(c, out, ctx, stack) for c in node.children)
             return type(node)(children)
-        if isinstance(node, BinaryCheck) and node.op in LIST_OPS:
-            return BinaryCheck(node.field, node.op, self._rhs(node.value, out, ctx))
+        if isinstance(node, BinaryCheck) and (node.op in LIST_OPS or node.modifier):
+            return replace(node, value=self._rhs(node.value, out, ctx))
         return node
 
     def _macro(self, name: str, out: Expansion, ctx: ItemContext, stack: tuple[str, ...]) -> Node:
@@ -224,10 +225,17 @@ def field_refs(node: Node) -> list[FieldRef]:
     """Every field reference in the (expanded) condition, in order, with duplicates."""
     refs: list[FieldRef] = []
     for check in iter_checks(node):
-        refs.append(check.field)
+        refs += _plain_refs(check.field)
         if isinstance(check, BinaryCheck) and isinstance(check.value, FieldValue):
-            refs.append(check.value.field)
+            refs += _plain_refs(check.value.field)
     return refs
+
+
+def _plain_refs(ref: FieldRef) -> list[FieldRef]:
+    """The registry fields behind a reference (a join/concat/getopt names several)."""
+    if ref.args is None:
+        return [ref]
+    return [r for a in ref.args if isinstance(a, FieldRef) for r in _plain_refs(a)]
 
 
 def fields_used(node: Node) -> list[str]:

@@ -39,7 +39,19 @@ STR_OPS = (
 )
 LIST_OPS = ("in", "intersects", "pmatch")
 UNARY_OPS = ("exists",)
+# Falco 0.44: ``<string operator> oneof|anyof|allof (v1, v2, ...)``.
+MODIFIERS = ("oneof", "anyof", "allof")
+
+
+def is_modified_operator(text: str) -> bool:
+    """``startswith anyof`` and the like (what exception ``comps`` may hold too)."""
+    parts = text.split()
+    return len(parts) == 2 and parts[0] in STR_OPS and parts[1] in MODIFIERS
+
+
 TRANSFORMERS = ("tolower", "toupper", "b64", "basename", "len")
+# Falco 0.44's transformers over several arguments (fields or quoted strings).
+CALLS = ("join", "concat", "getopt")
 
 _QUOTED = r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'"""
 _FIELD_NAME = r"[a-zA-Z]+[a-zA-Z0-9_]*(?:\.[a-zA-Z]+[a-zA-Z0-9_]*)+"
@@ -63,9 +75,13 @@ check: lhs UNARY_OP          -> unary_check
      | lhs NUM_OP num_rhs    -> binary_check
      | lhs STR_OP str_rhs    -> binary_check
      | lhs LIST_OP list_rhs  -> binary_check
+     | lhs STR_OP MODIFIER "(" [list_item ("," list_item)*] ")" -> modified_check
 
 lhs: FIELD                   -> field
    | TRANSFORMER lhs ")"     -> transformed
+   | CALL call_arg ("," call_arg)* ")" [SELECTOR] -> call
+?call_arg: lhs
+         | QSTRING -> quoted_value
 
 num_rhs: NUMBER -> bare_value
        | field_rhs
@@ -88,8 +104,11 @@ NUM_OP: "<=" | "<" | ">=" | ">"
 STR_OP: "==" | "=" | "!=" | "glob" | "iglob" | "contains" | "icontains" | "bcontains"
       | "startswith" | "bstartswith" | "endswith" | "regex"
 LIST_OP: "intersects" | "in" | "pmatch"
+MODIFIER.3: /(oneof|anyof|allof)(?=[\s(])/
 
 TRANSFORMER.4: /(tolower|toupper|b64|basename|len)\(/
+CALL.4: /(join|concat|getopt)\(/
+SELECTOR: /\[[^\]\s]*\]/
 VAL.4: /val\(/
 FIELD.3: /FIELD_RE/
 IDENT: /[a-zA-Z]+[a-zA-Z0-9_]*/
@@ -111,9 +130,14 @@ class FieldRef:
     name: str
     arg: str | None = None
     transformers: tuple[str, ...] = ()
+    # join/concat/getopt: ``name`` is the function, ``arg`` its [selector].
+    args: tuple[FieldRef | Value, ...] | None = None
 
     def text(self) -> str:
-        inner = self.name if self.arg is None else f"{self.name}[{self.arg}]"
+        name = self.name
+        if self.args is not None:
+            name += "(" + ", ".join(_arg_text(a) for a in self.args) + ")"
+        inner = name if self.arg is None else f"{name}[{self.arg}]"
         for t in reversed(self.transformers):
             inner = f"{t}({inner})"
         return inner
@@ -125,6 +149,10 @@ class Value:
 
     text: str
     quoted: bool = False
+
+
+def _arg_text(arg: FieldRef | Value) -> str:
+    return arg.text() if isinstance(arg, FieldRef) else quote_value(arg.text, force=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +181,7 @@ class BinaryCheck:
     field: FieldRef
     op: str
     value: Rhs
+    modifier: str | None = None  # oneof/anyof/allof: ``op`` against each item of a list
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,13 +299,22 @@ class _ToAst(Transformer):  # type: ignore[type-arg]
         return _split_field(str(tok))
 
     def transformed(self, tok: Token, inner: FieldRef) -> FieldRef:
-        return FieldRef(inner.name, inner.arg, (str(tok)[:-1], *inner.transformers))
+        return FieldRef(inner.name, inner.arg, (str(tok)[:-1], *inner.transformers), inner.args)
+
+    def call(self, tok: Token, *rest: FieldRef | Value | Token | None) -> FieldRef:
+        selector = rest[-1]
+        args = tuple(a for a in rest[:-1] if isinstance(a, (FieldRef, Value)))
+        arg = str(selector)[1:-1] if isinstance(selector, Token) else None
+        return FieldRef(str(tok)[:-1], arg, (), args)
 
     def unary_check(self, lhs: FieldRef, op: Token) -> Node:
         return UnaryCheck(lhs, str(op))
 
     def binary_check(self, lhs: FieldRef, op: Token, rhs: Rhs) -> Node:
         return BinaryCheck(lhs, str(op), rhs)
+
+    def modified_check(self, lhs: FieldRef, op: Token, mod: Token, *items: Value | None) -> Node:
+        return BinaryCheck(lhs, str(op), self.list_value(*items), str(mod))
 
     def num_rhs(self, rhs: Rhs) -> Rhs:
         return rhs
@@ -306,7 +344,7 @@ class _ToAst(Transformer):  # type: ignore[type-arg]
         return FieldValue(inner)
 
     def transformed_rhs(self, tok: Token, inner: FieldRef) -> FieldValue:
-        return FieldValue(FieldRef(inner.name, inner.arg, (str(tok)[:-1], *inner.transformers)))
+        return FieldValue(self.transformed(tok, inner))
 
 
 @lru_cache(maxsize=1)
@@ -367,7 +405,8 @@ def to_text(node: Node, *, _top: bool = True) -> str:
     if isinstance(node, UnaryCheck):
         return f"{node.field.text()} {node.op}"
     if isinstance(node, BinaryCheck):
-        return f"{node.field.text()} {node.op} {_rhs_text(node.value)}"
+        op = f"{node.op} {node.modifier}" if node.modifier else node.op
+        return f"{node.field.text()} {op} {_rhs_text(node.value)}"
     if isinstance(node, MacroRef):
         return node.name
     if isinstance(node, Not):

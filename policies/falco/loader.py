@@ -141,6 +141,10 @@ class FieldTypeError(RuleLoadError):
     default_code = COMPILE_CONDITION
 
 
+class UnknownEventTypeError(FieldTypeError):
+    """``evt.type`` compared with a name libsinsp does not know."""
+
+
 UNKNOWN_SOURCE = "LOAD_UNKNOWN_SOURCE"
 UNSAFE_NA_CHECK = "LOAD_UNSAFE_NA_CHECK"
 NO_EVTTYPE = "LOAD_NO_EVTTYPE"
@@ -476,7 +480,13 @@ def _str_or_list(value: Any, key: str, ctx: ItemContext) -> str | list[str] | No
 
 def validate_exception(ex: ExceptionInfo) -> None:
     """Falco's checks on an exception's shape; fills the default comparisons."""
-    from policies.falco.grammar import LIST_OPS, NUM_OPS, STR_OPS, UNARY_OPS
+    from policies.falco.grammar import (
+        LIST_OPS,
+        NUM_OPS,
+        STR_OPS,
+        UNARY_OPS,
+        is_modified_operator,
+    )
 
     operators = set(NUM_OPS + STR_OPS + LIST_OPS + UNARY_OPS)
     if isinstance(ex.fields, list):
@@ -485,7 +495,7 @@ def validate_exception(ex: ExceptionInfo) -> None:
         if not isinstance(ex.comps, list) or len(ex.comps) != len(ex.fields):
             raise RuleLoadError("fields and comps lists must have equal length", ex.ctx)
         for comp in ex.comps:
-            if comp not in operators:
+            if comp not in operators and not is_modified_operator(comp):
                 raise RuleLoadError(f"'{comp}' is not a supported comparison operator", ex.ctx)
         for value in ex.values:
             if not isinstance(value, list) or len(value) != len(ex.fields):
@@ -495,9 +505,10 @@ def validate_exception(ex: ExceptionInfo) -> None:
             ex.comps = "in"
         if isinstance(ex.comps, list):
             raise RuleLoadError("fields and comps must both be strings", ex.ctx)
-        if ex.comps not in LIST_OPS:
+        if ex.comps not in LIST_OPS and not is_modified_operator(ex.comps):
             raise RuleLoadError(
-                "when fields is a single value, comps must be one of (in, pmatch, intersects)",
+                "when fields is a single value, comps must be one of (in, pmatch, intersects)"
+                " or an operator with oneof/anyof/allof",
                 ex.ctx,
             )
         for value in ex.values:

@@ -151,6 +151,21 @@ def scalar_test(
     return _string_test(op, text, ctx)
 
 
+def modified_test(
+    op: str, modifier: str, rhs: ListValue, fld: ResolvedField, ctx: ItemContext | None
+) -> Callable[[Any], bool]:
+    """Falco 0.44's ``op oneof|anyof|allof (items)``: ``op`` against each item,
+    then exactly one / at least one / all of them; an empty list never matches."""
+    tests = [scalar_test(op, item, fld, ctx) for item in rhs.items]
+    if not tests:
+        return lambda x: False
+    if modifier == "anyof":
+        return lambda x: any(t(x) for t in tests)
+    if modifier == "allof":
+        return lambda x: all(t(x) for t in tests)
+    return lambda x: sum(1 for t in tests if t(x)) == 1
+
+
 def lift(get: Getter, test: Callable[[Any], bool]) -> Predicate:
     """None -> false; a list value -> true if any element passes (proc.aname semantics)."""
 

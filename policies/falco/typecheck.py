@@ -73,6 +73,10 @@ def _parse_arg(arg: str | None) -> str | int | None:
 
 def resolve_field(registry: FieldRegistry, ref: FieldRef, ctx: ItemContext | None) -> ResolvedField:
     """Look a field up, with Falco's ``evt.arg.X`` == ``evt.arg[X]`` prefix rule."""
+    if ref.args is not None:
+        from policies.falco.calls import resolve_call  # calls builds on this module
+
+        return resolve_call(registry, ref, ctx)
     spec = registry.get(ref.name)
     arg: str | None = ref.arg
     if spec is None and arg is None:

@@ -36,6 +36,7 @@ class RuleReport:
     missing_fields: list[str]
     missing_output_fields: list[str]
     syscall: bool = True  # the syscall source (other sources are skipped, as by Falco)
+    skip_if_unknown_filter: bool = False  # the author accepts the rule being skipped
 
 
 @dataclass
@@ -48,7 +49,11 @@ class ValidationReport:
     @property
     def unevaluable(self) -> list[RuleReport]:
         """Syscall rules the engine cannot evaluate (the sensor would refuse them)."""
-        return [r for r in self.rules if r.status is RuleStatus.UNSUPPORTED and r.syscall]
+        return [
+            r
+            for r in self.rules
+            if r.status is RuleStatus.UNSUPPORTED and r.syscall and not r.skip_if_unknown_filter
+        ]
 
     @property
     def ok(self) -> bool:
@@ -103,6 +108,7 @@ def _report(entry: RuleEntry) -> RuleReport:
         missing_fields=list(entry.missing_fields),
         missing_output_fields=sorted(set(entry.output.unknown_fields)) if entry.output else [],
         syscall=entry.info.source == SYSCALL_SOURCE,
+        skip_if_unknown_filter=entry.info.skip_if_unknown_filter,
     )
 
 

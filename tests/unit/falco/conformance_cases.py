@@ -11,7 +11,11 @@ not be consulted while writing them). Each case has:
 * ``expect``: ``ok`` (loads, no warning), ``warning: LOAD_...`` (loads and
   warns that kind) or ``error: LOAD_ERR_...`` (the load fails with that kind);
 * optionally ``divergence``: why this engine knowingly reaches another
-  verdict (the test expects the failure and the pass rate counts it).
+  verdict (the test expects the failure and the pass rate counts it);
+* optionally ``source``: ``falco`` when the case was checked against a stored
+  copy of Falco's ``test_rule_loader.cpp`` (read late in the work, cases
+  re-written by hand), ``falco-0.44-notes`` when checked against the Falco
+  0.44.0 release notes; cases without it are from knowledge only.
 
 Run this module to print the pass rate per file (``docs/policies.md`` quotes it):
 ``.venv/bin/python tests/unit/falco/conformance_cases.py``.
@@ -40,6 +44,7 @@ class Case:
     rules: str
     expect: str  # "ok", "warning LOAD_...", "error LOAD_ERR_..."
     divergence: str | None = None
+    source: str | None = None
 
     @property
     def id(self) -> str:
@@ -71,7 +76,7 @@ def load_cases(directory: Path = CASES_DIR) -> list[Case]:
         for raw in yaml.safe_load(path.read_text(encoding="utf-8")):
             rules = raw["rules"] if "rules" in raw else _wrap(raw["condition"])
             case = Case(path.stem, raw["name"], rules, _expect(raw["expect"]),
-                        raw.get("divergence"))  # fmt: skip
+                        raw.get("divergence"), raw.get("source"))  # fmt: skip
             cases.append(case)
     return cases
 
@@ -113,6 +118,10 @@ def main() -> None:
         print(f"{file:20s} {passed:4d}/{total:<4d} {100 * passed / total:5.1f}%")
     passed = sum(p for p, _ in rates.values())
     print(f"{'all':20s} {passed:4d}/{len(cases):<4d} {100 * passed / len(cases):5.1f}%")
+    checked = [c for c in cases if c.source]
+    agreeing = sum(agrees(c) for c in checked)
+    print(f"checked against Falco sources: {len(checked)} ({agreeing} agree); "
+          f"from knowledge: {len(cases) - len(checked)}")  # fmt: skip
     for case in cases:
         if not agrees(case):
             print(f"  differs: {case.id} (Falco: {case.expect}; {verdict(case)[0]})",

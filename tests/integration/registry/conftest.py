@@ -133,23 +133,24 @@ def options() -> RegistryOptions:
     return RegistryOptions()  # localhost is plain HTTP by default
 
 
+async def _node_client(config: StackConfig, node: str) -> AsyncIterator[Containerd]:
+    async with await Containerd.connect(
+        str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+    ) as client:
+        yield client
+
+
 @pytest_asyncio.fixture(scope="session")
 async def node1(stack: Stack, stack_config: StackConfig) -> AsyncIterator[Containerd]:
-    """node-1's containerd of the session stack."""
-    async with await Containerd.connect(
-        str(stack_config.containerd_socket("node-1")),
-        namespace=stack_config.nodes.containerd_namespace,
-    ) as client:
+    """node-1's containerd of the session stack: where the pushed images are built."""
+    async for client in _node_client(stack_config, "node-1"):
         yield client
 
 
 @pytest_asyncio.fixture(scope="session")
 async def node2(stack: Stack, stack_config: StackConfig) -> AsyncIterator[Containerd]:
     """node-2's containerd: the node that pulls what node-1 pushed."""
-    async with await Containerd.connect(
-        str(stack_config.containerd_socket("node-2")),
-        namespace=stack_config.nodes.containerd_namespace,
-    ) as client:
+    async for client in _node_client(stack_config, "node-2"):
         yield client
 
 

@@ -187,7 +187,7 @@ class NodeActivities:
             self._sandbox_count += 1
             if self._metrics:
                 self._metrics.record_provision(seconds, self.node, spec.image)
-                self._metrics.sandbox_added(self.node)
+                self._metrics.sandbox_added(self.node, sandbox_id)
         return ProvisionResult(
             sandbox_id=sandbox_id,
             node=self.node,
@@ -239,7 +239,7 @@ class NodeActivities:
             self._sandbox_count = max(0, self._sandbox_count - 1)
             if self._metrics:
                 self._metrics.record_teardown(seconds, self.node, "")
-                self._metrics.sandbox_removed(self.node, "running")
+                self._metrics.sandbox_removed(self.node, input.sandbox_id)
         if input.record is not None:
             input.record.result.teardown_s = seconds
             self._record(input.record)
@@ -253,7 +253,7 @@ class NodeActivities:
         if await sandbox.status() != "paused":
             await _mapped(sandbox.pause())
         if self._metrics:
-            self._metrics.sandbox_moved(self.node, "running", "paused")
+            self._metrics.sandbox_moved(self.node, sandbox_id, "paused")
 
     @activity.defn(name="corral.thaw")
     async def thaw(self, input: SandboxRef) -> None:
@@ -262,7 +262,7 @@ class NodeActivities:
             await _mapped(sandbox.resume())
         await _mapped(sandbox.restore_network())
         if self._metrics:
-            self._metrics.sandbox_moved(self.node, "paused", "running")
+            self._metrics.sandbox_moved(self.node, sandbox_id, "running")
 
     # ----------------------------------------------------------------- steps
     @activity.defn(name="corral.exec_step")

@@ -81,6 +81,9 @@ class Metrics:
         self.episodes = meter.create_counter(
             "corral.episodes", unit="1", description="Finished episodes by outcome"
         )
+        # Each sandbox's gauge state, so that removal and moves count from where it is.
+        self._states: dict[tuple[str, str], SandboxState] = {}
+        self._states_lock = threading.Lock()
 
     @staticmethod
     def _duration(meter: otel_metrics.Meter, name: str, what: str) -> otel_metrics.Histogram:
@@ -109,22 +112,36 @@ class Metrics:
     def record_teardown(self, seconds: float, node: str, image: str) -> None:
         self.teardown_duration.record(seconds, {"node": node, "image": image})
 
-    def sandbox_added(self, node: str, state: SandboxState = "running") -> None:
-        self._sandbox_delta(node, state, 1)
+    def sandbox_added(self, node: str, sandbox_id: str, state: SandboxState = "running") -> None:
+        self._check_state(state)
+        with self._states_lock:
+            if (node, sandbox_id) in self._states:
+                return  # a retried provision found its sandbox again
+            self._states[(node, sandbox_id)] = state
+        self.sandboxes.add(1, {"node": node, "state": state})
 
-    def sandbox_removed(self, node: str, state: SandboxState) -> None:
-        self._sandbox_delta(node, state, -1)
+    def sandbox_removed(self, node: str, sandbox_id: str) -> None:
+        """Counted out of the state it was in (a sandbox killed in quarantine leaves `paused`)."""
+        with self._states_lock:
+            state = self._states.pop((node, sandbox_id), None)
+        if state is not None:  # unknown: made before this process started, never counted
+            self.sandboxes.add(-1, {"node": node, "state": state})
 
-    def sandbox_moved(self, node: str, old: SandboxState, new: SandboxState) -> None:
-        """A sandbox changed state (running -> paused on quarantine, ...)."""
-        if old != new:
-            self._sandbox_delta(node, old, -1)
-            self._sandbox_delta(node, new, 1)
+    def sandbox_moved(self, node: str, sandbox_id: str, new: SandboxState) -> None:
+        """A sandbox changed state (running -> paused on quarantine, ...); idempotent."""
+        self._check_state(new)
+        with self._states_lock:
+            old = self._states.get((node, sandbox_id))
+            if old is None or old == new:
+                return
+            self._states[(node, sandbox_id)] = new
+        self.sandboxes.add(-1, {"node": node, "state": old})
+        self.sandboxes.add(1, {"node": node, "state": new})
 
-    def _sandbox_delta(self, node: str, state: str, delta: int) -> None:
+    @staticmethod
+    def _check_state(state: str) -> None:
         if state not in SANDBOX_STATES:
             raise ValueError(f"sandbox state {state!r} is not one of {SANDBOX_STATES}")
-        self.sandboxes.add(delta, {"node": node, "state": state})
 
     def record_alert(self, rule: str, action: str) -> None:
         self.alerts.add(1, {"rule": rule, "action": action})

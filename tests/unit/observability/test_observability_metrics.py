@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from observability.metrics import (
     Metrics,
@@ -36,9 +37,9 @@ def test_served_on_localhost_and_scraped(metrics: Metrics) -> None:
     metrics.record_provision(0.75, "node-b", "busybox")
     metrics.record_exec(0.01, "node-a", "busybox")
     metrics.record_teardown(0.1, "node-a", "busybox")
-    metrics.sandbox_added("node-a")
-    metrics.sandbox_added("node-b", "idle")
-    metrics.sandbox_moved("node-a", "running", "paused")
+    metrics.sandbox_added("node-a", "sb-1")
+    metrics.sandbox_added("node-b", "sb-2", "idle")
+    metrics.sandbox_moved("node-a", "sb-1", "paused")
     metrics.record_alert("Terminal shell in container", "kill")
     metrics.record_alert("Terminal shell in container", "kill")
     metrics.record_oom_kill("node-a")
@@ -56,8 +57,8 @@ def test_served_on_localhost_and_scraped(metrics: Metrics) -> None:
 
 
 def test_labels_are_on_the_page(metrics: Metrics) -> None:
-    metrics.sandbox_added("node-a", "idle")
-    metrics.sandbox_moved("node-a", "idle", "running")
+    metrics.sandbox_added("node-a", "sb-1", "idle")
+    metrics.sandbox_moved("node-a", "sb-1", "running")
     page = metrics.exposition()
     assert 'corral_sandboxes{node="node-a",' in page and 'state="running"' in page
     assert 'state="idle"' in page  # present, now at 0
@@ -65,7 +66,36 @@ def test_labels_are_on_the_page(metrics: Metrics) -> None:
 
 def test_bad_sandbox_state_is_refused(metrics: Metrics) -> None:
     with pytest.raises(ValueError, match="frozen"):
-        metrics.sandbox_added("node-a", "frozen")  # type: ignore[arg-type]
+        metrics.sandbox_added("node-a", "sb-1", "frozen")  # type: ignore[arg-type]
+
+
+def _sandboxes(metrics: Metrics) -> dict[str, float]:
+    """corral_sandboxes by state, read from the page."""
+    return {
+        s.labels["state"]: s.value
+        for f in text_string_to_metric_families(metrics.exposition())
+        for s in f.samples
+        if s.name == "corral_sandboxes"
+    }
+
+
+def test_a_sandbox_killed_in_quarantine_leaves_paused_not_running(metrics: Metrics) -> None:
+    metrics.sandbox_added("node-a", "sb-1")
+    metrics.sandbox_added("node-a", "sb-2")
+    metrics.sandbox_moved("node-a", "sb-1", "paused")
+    metrics.sandbox_moved("node-a", "sb-1", "paused")  # a retried freeze moves nothing
+    metrics.sandbox_removed("node-a", "sb-1")
+    assert _sandboxes(metrics) == {"running": 1, "paused": 0}
+
+
+def test_sandboxes_this_process_never_counted_do_not_drive_the_gauge_negative(
+    metrics: Metrics,
+) -> None:
+    metrics.sandbox_added("node-a", "sb-1")
+    metrics.sandbox_added("node-a", "sb-1")  # a retried provision found it again
+    metrics.sandbox_moved("node-a", "sb-old", "paused")
+    metrics.sandbox_removed("node-a", "sb-old")  # made before a worker restart
+    assert _sandboxes(metrics) == {"running": 1}
 
 
 def test_same_arguments_same_metrics(metrics: Metrics) -> None:

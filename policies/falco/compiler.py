@@ -76,6 +76,9 @@ def _compile_check(
         return lambda ev: (v := get(ev)) is not None and v != []
     if isinstance(check.value, FieldValue):
         return field_to_field(check, get, registry, ctx)
+    if check.op == "!=" and fld.spec.both_ends:
+        equal = lift(get, scalar_test("=", check.value, fld, ctx))
+        return lambda ev: get(ev) is not None and not equal(ev)
     if check.modifier and isinstance(check.value, ListValue):
         return lift(get, modified_test(check.op, check.modifier, check.value, fld, ctx))
     return lift(get, scalar_test(check.op, check.value, fld, ctx))

@@ -48,6 +48,9 @@ class FieldSpec:
     extractor: Extractor
     arg: ArgKind = ArgKind.NONE
     description: str = ""
+    # Fields over both ends of a socket (fd.ip, fd.port, ...): the extractor returns
+    # both values; ``=`` holds when either end equals, ``!=`` when neither does.
+    both_ends: bool = False
 
 
 class FieldRegistry:

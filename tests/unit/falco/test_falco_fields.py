@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from policies.falco.engine import RuleEngine
-from policies.falco.event import ContainerInfo, Event, Process, mounts_from_spec
+from policies.falco.event import ContainerInfo, Event, FdInfo, Process, mounts_from_spec
 from policies.falco.fields import default_registry
 from policies.falco.loader import UnknownFieldError
 
@@ -75,3 +75,31 @@ def test_unserved_falco_field_is_refused_by_name() -> None:
     with pytest.raises(UnknownFieldError, match=r"thread\.cpu.*cannot serve"):
         RuleEngine.from_texts([("t.yaml", _rule("evt.type = open and thread.cpu > 1"))],
                               default_registry())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [  # the comparisons of libs' net compare test, on a connect to 142.251.111.147:443
+        ("fd.ip == 142.251.111.147", True),
+        ("fd.sip == 142.251.111.147", True),
+        ("fd.rip == 142.251.111.147", True),
+        ("fd.cip == 172.40.111.222", True),
+        ("fd.ip != 142.251.111.147", False),
+        ("fd.sip != 0:0:0:0:0:0:0:1", True),
+        ("fd.sip == '0:0:0:0:0:0:0:1'", False),
+        ("fd.net == 142.0.0.0/4", True),
+        ("fd.net == 142.251.0.0/8", True),
+        ("fd.net != 10.0.0.0/8", True),
+        ("fd.net != 2001:db8:abcd:0012::0/64", True),
+        ("fd.net == 10.0.0.0/8", False),
+        ("fd.snet == 2001:db8:abcd:0012::0/64", False),
+    ],
+)
+def test_net_compare_like_libs(condition: str, expected: bool) -> None:
+    fd = FdInfo(num=9, type="ipv4", sockfamily="ip", l4proto="tcp", lip="172.40.111.222",
+                lport=54321, rip="142.251.111.147", rport=443, is_server=False)  # fmt: skip
+    ev = Event(type="connect", proc=Process(pid=1, name="curl"), fd=fd)
+    text = _rule(f"evt.type = connect and {condition}".replace("'", "''"))
+    text = text.replace("condition: ", "condition: '", 1).replace("\n  output", "'\n  output", 1)
+    eng = RuleEngine.from_texts([("t.yaml", text)], default_registry())
+    assert bool(eng.evaluate(ev)) is expected

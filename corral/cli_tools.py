@@ -90,6 +90,13 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     show_default=True,
     help="With --elastic: idle sandboxes that keep a CPU-bound process running.",
 )
+@click.option(
+    "--fork",
+    is_flag=True,
+    help="Instead: snapshot, fork into 8 and hibernate -> restore, through the stack.",
+)
+@click.option("--fork-rounds", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--fork-mb", type=click.IntRange(1, 4096), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
@@ -105,6 +112,9 @@ async def bench(
     idle: int,
     busy: int,
     idle_spinning: int,
+    fork: bool,
+    fork_rounds: int,
+    fork_mb: int,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -129,6 +139,10 @@ async def bench(
 
     if elastic:
         await _bench_elastic(ctx, idle, busy, idle_spinning, as_json)
+        return
+
+    if fork:
+        await _bench_fork(ctx, fork_rounds, fork_mb, as_json)
         return
 
     with Progress(console=console, transient=True) as progress:
@@ -173,6 +187,21 @@ async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_j
         task = progress.add_task("idle sandboxes", total=idle)
         report = await run_elastic(
             ctx.config, idle=idle, busy=busy, spinning=spinning, tick=lambda: progress.advance(task)
+        )
+    if as_json:
+        emit_json(report)
+        return
+    for key, value in report.model_dump().items():
+        out.print(f"{key:24s} {value}", markup=False)
+
+
+async def _bench_fork(ctx: Context, rounds: int, data_mb: int, as_json: bool) -> None:
+    from corral.bench_fork import run_fork
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("fork rounds", total=rounds)
+        report = await run_fork(
+            ctx.config, rounds=rounds, data_mb=data_mb, tick=lambda: progress.advance(task)
         )
     if as_json:
         emit_json(report)

@@ -5,14 +5,13 @@ intake's TLS rule and how it names the episode."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import SecretStr
 from temporalio.client import TLSConfig
+from test_corral_cli import run_cli
 
 from policies.alert import make_alert
 from policies.responses import Decision
@@ -27,22 +26,6 @@ from workers.tls import is_loopback, make_dev_certificate
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "temporal-dev.yaml"
-
-
-def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {
-        "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
-        "CORRAL_STATE_DIR": str(tmp_path),
-        "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:1",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "corral", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=60,
-    )
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
+from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox._gen.containerd.api.types import descriptor_pb2
 from sandbox.connection import Connection
@@ -309,6 +310,22 @@ class ImageStore:
             member = archive.members[archive.blob_name(digest)]
             labels = _labels_for_blob(archive, digest) if member.size < JSON_BLOB_MAX else {}
             await self._write_content(digest, member.size, archive.chunks(digest), labels, lease)
+
+    async def hold_content(self, digest: str, lease: str) -> bool:
+        """Put a blob the store has under ``lease`` too (False if it is not there): a
+        concurrent failed pull's garbage collection must not take it from this one."""
+        try:
+            await self._conn.leases.AddResource(
+                leases_pb2.AddResourceRequest(
+                    id=lease, resource=leases_pb2.Resource(id=digest, type="content")
+                ),
+                metadata=self._md(),
+            )
+        except grpc.aio.AioRpcError as err:
+            if is_not_found(err):
+                return False
+            raise
+        return await self._has_content(digest)
 
     async def _has_content(self, digest: str) -> bool:
         try:

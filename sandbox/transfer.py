@@ -20,12 +20,13 @@ import platform
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import grpc
 
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox.connection import Connection
 from sandbox.errors import ImageImportFailed, ImageNotFound
-from sandbox.grpc_errors import map_grpc_error
+from sandbox.grpc_errors import map_grpc_error, one_line
 from sandbox.images import (
     LOCAL_REGISTRY,
     ImageStore,
@@ -68,11 +69,15 @@ class _Guarded:
     """Blob chunks for containerd's Write stream, keeping the registry's error.
 
     An exception raised inside a gRPC request iterator reaches the caller only
-    as a cancelled call; the registry's own reason (digest mismatch, 404) is
-    kept here and raised instead.
+    as a cancelled call; the registry's own reason (digest mismatch, 404, a
+    dropped connection) is kept here and raised instead.
     """
 
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+    def __init__(
+        self, registry: RegistrySession, digest: str, chunks: AsyncIterator[bytes]
+    ) -> None:
+        self._registry = registry
+        self._digest = digest
         self._chunks = chunks
         self.error: RegistryError | None = None
 
@@ -82,6 +87,9 @@ class _Guarded:
                 yield chunk
         except RegistryError as err:
             self.error = err
+        except (aiohttp.ClientError, TimeoutError) as err:
+            reason = one_line(str(err) or type(err).__name__, 200)
+            self.error = self._registry.fail(f"blob {self._digest}: {reason}")
 
 
 async def pull_image(
@@ -144,7 +152,7 @@ async def _write_json_blob(
 ) -> None:
     """A manifest, index or config: small, already verified, GC references from its body."""
     registry.verify(desc["digest"], body)
-    if await store._has_content(desc["digest"]):
+    if await store.hold_content(desc["digest"], lease):
         return
     blob = json.loads(body)
     labels = _gc_labels(blob) if "schemaVersion" in blob else {}
@@ -163,11 +171,11 @@ async def _fetch_layer(
     progress: Progress | None,
 ) -> None:
     digest, size = layer["digest"], int(layer["size"])
-    if await store._has_content(digest):
+    if await store.hold_content(digest, lease):
         if progress:
             progress(digest, size, size)
         return
-    chunks = _Guarded(registry.blob_chunks(digest, size, progress))
+    chunks = _Guarded(registry, digest, registry.blob_chunks(digest, size, progress))
     try:
         await store._write_content(digest, size, aiter(chunks), {}, lease)
     except grpc.aio.AioRpcError as err:

@@ -309,7 +309,13 @@ class RegistrySession:
             await self._checked(resp, f"manifest {reference}")
             body = await self._read_limited(resp, MANIFEST_MAX_BYTES)
             media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
-        media_type = json.loads(body).get("mediaType") or media_type
+        try:
+            blob = json.loads(body)
+        except ValueError as err:
+            raise self.fail(f"manifest {reference}: not JSON") from err
+        shape = MEDIA_OCI_INDEX if "manifests" in blob else MEDIA_OCI_MANIFEST
+        header_type = media_type if media_type in MANIFEST_TYPES else shape
+        media_type = blob.get("mediaType") or header_type
         if reference.startswith("sha256:"):
             self.verify(reference, body)
         return body, media_type

@@ -282,11 +282,37 @@ class ReadFileInput(BaseModel):
 
 class SandboxRef(BaseModel):
     sandbox_id: str
+    # The episode that owns it: a sandbox claimed from the warm pool keeps its
+    # own id, which the workflow learns only when a lean run returns.
+    workflow_id: str = ""
 
 
 class TeardownInput(BaseModel):
     sandbox_id: str
+    workflow_id: str = ""  # as in SandboxRef
     record: RecordEpisodeInput | None = None  # written to the store once torn down
+
+
+class RunScriptedInput(BaseModel):
+    """A whole scripted episode in one node activity: provision, files, steps
+    and reward; the sandbox is destroyed right after the result is returned."""
+
+    provision: ProvisionInput
+    files: list[WriteFileRequest] = Field(default_factory=list)
+    steps: list[Step]
+    reward: Step | None = None
+    first_index: int = 0
+    default_timeout_s: float
+    output_limit_bytes: int
+    base_env: dict[str, str] = Field(default_factory=dict)
+    idempotent_steps: bool = False
+
+
+class RunScriptedResult(BaseModel):
+    provision: ProvisionResult
+    steps: list[StepResult]
+    reward: StepResult | None = None
+    torn_down: bool = True  # the node destroys the sandbox itself, after returning
 
 
 class TeardownResult(BaseModel):

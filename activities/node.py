@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import os
 import shutil
 import time
@@ -45,7 +46,10 @@ from activities.models import (
     ReapInput,
     ReapResult,
     RecordEpisodeInput,
+    RunScriptedInput,
+    RunScriptedResult,
     SandboxRef,
+    Step,
     StepResult,
     TeardownInput,
     TeardownResult,
@@ -63,6 +67,7 @@ from sandbox.userns import range_for_tenant
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
+log = logging.getLogger("corral.node")
 INTERRUPTED_EXIT_CODE = 255
 
 
@@ -133,6 +138,7 @@ class NodeActivities:
         self._metrics = metrics
         self._pool = pool
         self._sandbox_count = 0
+        self._background: set[asyncio.Task[None]] = set()  # teardowns after lean runs
 
     # ------------------------------------------------------------ lifecycle
     @activity.defn(name="corral.load")
@@ -214,6 +220,12 @@ class NodeActivities:
             raise _app_error_from_message("NodeFull", f"node {self.node} is full: {full}")
         (await self._ledger())[sandbox_id] = cpu_cores
 
+    async def _resolve(self, sandbox_id: str, workflow_id: str) -> str:
+        """The episode's sandbox: by id, else (warm claim) by its workflow label."""
+        if not workflow_id:
+            return sandbox_id
+        return await self._owned_sandbox(sandbox_id, workflow_id) or sandbox_id
+
     async def _owned_sandbox(self, derived_id: str, workflow_id: str) -> str | None:
         """The sandbox an earlier attempt of this provision made or claimed, if any."""
         if await self._exists(derived_id):
@@ -226,6 +238,7 @@ class NodeActivities:
     @activity.defn(name="corral.teardown")
     async def teardown(self, input: TeardownInput) -> TeardownResult:
         started = time.monotonic()
+        input.sandbox_id = await self._resolve(input.sandbox_id, input.workflow_id)
         with span(
             "corral.teardown", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
         ):
@@ -248,7 +261,8 @@ class NodeActivities:
     @activity.defn(name="corral.freeze")
     async def freeze(self, input: SandboxRef) -> None:
         """Quarantine: stop every process and cut the network; keep the filesystem."""
-        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        sandbox_id = await self._resolve(input.sandbox_id, input.workflow_id)
+        sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
         await _mapped(sandbox.cut_network())  # False when it has no network to cut
         if await sandbox.status() != "paused":
             await _mapped(sandbox.pause())
@@ -257,7 +271,8 @@ class NodeActivities:
 
     @activity.defn(name="corral.thaw")
     async def thaw(self, input: SandboxRef) -> None:
-        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        sandbox_id = await self._resolve(input.sandbox_id, input.workflow_id)
+        sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
         if await sandbox.status() == "paused":
             await _mapped(sandbox.resume())
         await _mapped(sandbox.restore_network())
@@ -281,6 +296,74 @@ class NodeActivities:
             result = await self._run_step(input)
         _atomic_write(done, result.model_dump_json())
         return result
+
+    @activity.defn(name="corral.run_scripted")
+    async def run_scripted(self, input: RunScriptedInput) -> RunScriptedResult:
+        """The lean path of a scripted episode: one activity, one round trip.
+
+        Each step is journaled as in `exec_step`, so a retry after a crash
+        answers finished steps from the journal and reattaches a running one.
+        A quarantine freezes the sandbox between or during steps; the next
+        step waits for the thaw. The sandbox is destroyed after the result is
+        returned; if this worker dies first, the janitor reaps it.
+        """
+        provision = await self.provision(input.provision)
+        sandbox_id = provision.sandbox_id
+        for request in input.files:
+            await self.write_file(WriteFileInput(sandbox_id=sandbox_id, request=request))
+        steps: list[StepResult] = []
+        index = input.first_index
+        for step in input.steps:
+            result = await self._lean_step(input, sandbox_id, step, index, "scripted")
+            index += 1
+            if result.interrupted and input.idempotent_steps:
+                steps.append(result)
+                result = await self._lean_step(input, sandbox_id, step, index, "scripted")
+                index += 1
+            steps.append(result)
+            if not result.ok:
+                break
+        reward = None
+        if input.reward is not None and all(step.ok for step in steps[-1:]):
+            reward = await self._lean_step(input, sandbox_id, input.reward, index, "reward")
+        self._destroy_soon(sandbox_id)
+        return RunScriptedResult(provision=provision, steps=steps, reward=reward)
+
+    async def _lean_step(
+        self, input: RunScriptedInput, sandbox_id: str, step: Step, index: int, source: str
+    ) -> StepResult:
+        await self._until_thawed(sandbox_id)
+        return await self.exec_step(
+            ExecStepInput(
+                sandbox_id=sandbox_id,
+                step=step,
+                index=index,
+                source=source,  # type: ignore[arg-type]
+                default_timeout_s=input.default_timeout_s,
+                output_limit_bytes=input.output_limit_bytes,
+                base_env=input.base_env,
+            )
+        )
+
+    async def _until_thawed(self, sandbox_id: str) -> None:
+        """A quarantined sandbox runs no new step until on-call releases it."""
+        sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
+        while await sandbox.status() == "paused":
+            with contextlib.suppress(RuntimeError):
+                activity.heartbeat("quarantined")
+            await asyncio.sleep(0.2)
+
+    def _destroy_soon(self, sandbox_id: str) -> None:
+        """Tear down off the episode's critical path (the janitor is the backstop)."""
+        task = asyncio.create_task(self._destroy_quietly(sandbox_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _destroy_quietly(self, sandbox_id: str) -> None:
+        try:
+            await self.teardown(TeardownInput(sandbox_id=sandbox_id))
+        except Exception as err:  # the janitor reaps what is left
+            log.warning("teardown of %s after its lean run failed: %s", sandbox_id, err)
 
     async def _run_step(self, input: ExecStepInput) -> StepResult:
         step = input.step
@@ -375,15 +458,7 @@ class NodeActivities:
 
     # --------------------------------------------------------------- records
     def _record(self, input: RecordEpisodeInput) -> None:
-        """Hand the result to the buffered Parquet writer; never slows the episode."""
-        if self._metrics:
-            self._metrics.record_episode(input.result.outcome)
-            for alert in input.result.alerts:
-                self._metrics.record_alert(alert.rule, alert.action)
-        if self._records is None:
-            return
-        for record in episode_records(input):
-            self._records.append(record)
+        record_episode(input, self._records, self._metrics)
 
     # --------------------------------------------------------------- janitor
     @activity.defn(name="corral.reap_orphans")
@@ -435,10 +510,26 @@ class NodeActivities:
             self.freeze,
             self.thaw,
             self.exec_step,
+            self.run_scripted,
             self.write_file,
             self.read_file,
             self.reap_orphans,
         ]
+
+
+def record_episode(
+    input: RecordEpisodeInput, records: RecordWriter | None, metrics: Metrics | None
+) -> None:
+    """Hand the result to the buffered Parquet writer (never slows the episode)
+    and count its outcome and alerts."""
+    if metrics:
+        metrics.record_episode(input.result.outcome)
+        for alert in input.result.alerts:
+            metrics.record_alert(alert.rule, alert.action)
+    if records is None:
+        return
+    for record in episode_records(input):
+        records.append(record)
 
 
 def episode_records(input: RecordEpisodeInput) -> list[Any]:

@@ -23,7 +23,16 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.models import NodeInfo, NodeLostInput, PlaceInput, Placement
+from activities.models import (
+    NodeInfo,
+    NodeLostInput,
+    PlaceInput,
+    Placement,
+    RecordEpisodeInput,
+)
+from activities.node import record_episode
+from observability.metrics import Metrics
+from observability.records import RecordWriter
 from sandbox.images import resolve_image_name
 
 NODE_LOST_SIGNAL = "node_lost"
@@ -136,17 +145,32 @@ def choose_node(
 
 class FleetActivities:
     """The control role's activities, run by the workflow worker: placement over
-    its cached registry, and telling episodes that their node is lost."""
+    its cached registry, telling episodes that their node is lost, and the
+    records of episodes that had no teardown to write them."""
 
-    def __init__(self, nodes: Callable[[], list[NodeInfo]], temporal: Client | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Callable[[], list[NodeInfo]],
+        temporal: Client | None = None,
+        *,
+        records: RecordWriter | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._nodes = nodes
         self._temporal = temporal
+        self._records = records
+        self._metrics = metrics
         self._reservations = Reservations()
         self._rng = random.Random()
 
     @activity.defn(name="corral.place")
     async def place(self, request: PlaceInput) -> Placement:
         return choose_node(self._nodes(), request, self._reservations, self._rng)
+
+    @activity.defn(name="corral.record_episode")
+    async def record_episode(self, input: RecordEpisodeInput) -> None:
+        """Records of an episode with no teardown to ride on (lean run, lost node)."""
+        record_episode(input, self._records, self._metrics)
 
     @activity.defn(name="corral.live_nodes")
     async def live_nodes(self) -> list[str]:

@@ -14,6 +14,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.placement import FleetActivities
 from observability.metrics import setup_metrics, temporal_runtime_with_prometheus
+from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from workers.config import StackConfig, load_config
 from workers.node_directory import NodeDirectory
@@ -42,12 +43,13 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
     runtime = temporal_runtime_with_prometheus(sdk_port)
     client = await connect(config, runtime=runtime)
     directory = NodeDirectory(client)
-    fleet = FleetActivities(directory.nodes, client)
+    records = RecordWriter(config.records_dir)
+    fleet = FleetActivities(directory.nodes, client, records=records, metrics=metrics)
     worker = Worker(
         client,
         task_queue=config.workers.workflow_task_queue,
         workflows=WORKFLOWS,
-        activities=[fleet.place, fleet.live_nodes, fleet.node_lost],
+        activities=[fleet.place, fleet.live_nodes, fleet.node_lost, fleet.record_episode],
         max_concurrent_workflow_tasks=200,
         workflow_runner=workflow_runner(),
     )
@@ -55,6 +57,7 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
     async with worker:
         await stop.wait()
     await refresh
+    records.close()
     metrics.close()
     flush_tracing()
 

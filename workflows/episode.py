@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         ExecRequest,
         ExecStepInput,
         FileContent,
+        FileSpec,
         KillOrder,
         NodeLostInput,
         OnCallRequest,
@@ -52,6 +53,8 @@ with workflow.unsafe.imports_passed_through():
         ReadFileInput,
         ReadFileRequest,
         RecordEpisodeInput,
+        RunScriptedInput,
+        RunScriptedResult,
         SandboxRef,
         SnapshotInput,
         SnapshotRequest,
@@ -93,6 +96,10 @@ VISIBLE_STATES = frozenset(
 INTERRUPTING = frozenset({"ContainerdUnavailable", "ContainerdError", "SandboxNotFound"})
 # Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
 MAX_STEPS_PER_RUN = 400
+# The lean path (one node activity per scripted episode) takes scripts this short
+# whose outputs fit one payload (Temporal's limit is 2 MB).
+LEAN_MAX_STEPS = 50
+LEAN_MAX_OUTPUT_BYTES = 1024 * 1024
 # While no node has room, ask placement again this often.
 PLACE_RETRY_S = 2.0
 
@@ -151,10 +158,13 @@ class EpisodeWorkflow:
             if input.carried is None:
                 await self._admission.admit(self._spec, input.admission, on_wait=self._wait_for)
                 self._s.admission_held = self._admission.held
-                await self._provision_watched()
+                if self._lean():
+                    await self._place_lean()
+                else:
+                    await self._provision_watched()
             self._s.reason = ""
             self._set_state("running")
-            body = asyncio.create_task(self._body())
+            body = asyncio.create_task(self._run_lean() if self._lean() else self._body())
             await self._supervise(body)
             reward = body.result()
             if self._s.continue_due:
@@ -281,14 +291,9 @@ class EpisodeWorkflow:
         # A warm sandbox keeps its own id; every later activity uses the real one.
         self._s.sandbox_id = result.sandbox_id
         for spec_file in self._spec.files:
-            request = WriteFileRequest(
-                path=spec_file.path,
-                content_b64=base64.b64encode(spec_file.content.encode()).decode(),
-                mode=spec_file.mode,
-            )
             await self._node_activity(
                 NodeActivities.write_file,
-                WriteFileInput(sandbox_id=self._s.sandbox_id, request=request),
+                WriteFileInput(sandbox_id=self._s.sandbox_id, request=_file_request(spec_file)),
                 timeout_s=60,
             )
         self._s.ready = True
@@ -332,6 +337,67 @@ class EpisodeWorkflow:
             self._wait_for(placement.reason)
             await workflow.sleep(PLACE_RETRY_S)
 
+    # ------------------------------------------------------------ lean path
+    def _lean(self) -> bool:
+        """A short scripted episode runs as one node activity (provision, files,
+        steps, reward; teardown right after on the node): two workflow tasks
+        instead of one per activity. Interactive episodes, long scripts and
+        outputs that could outgrow one payload take the step-by-step path."""
+        spec = self._spec
+        worst_output = (len(spec.steps) + 1) * 2 * spec.output_limit_bytes
+        most_steps = min(LEAN_MAX_STEPS, self._input.max_steps_per_run or LEAN_MAX_STEPS)
+        return (
+            not spec.interactive
+            and self._input.carried is None
+            and len(spec.steps) <= most_steps
+            and worst_output <= LEAN_MAX_OUTPUT_BYTES
+        )
+
+    async def _place_lean(self) -> None:
+        """Placement only: the sandbox is made by the lean run itself. From here
+        on quarantine and teardown find it by the episode's id on the node."""
+        if not self._s.node:
+            self._s.node = await self._place()
+        self._s.ready = True
+
+    async def _run_lean(self) -> StepResult | None:
+        spec = self._spec
+        budget_s = sum(step.timeout_s or spec.timeouts.step_s for step in spec.steps)
+        if spec.reward is not None:
+            budget_s += spec.reward.timeout_s or spec.timeouts.step_s
+        request = RunScriptedInput(
+            provision=ProvisionInput(
+                sandbox_id=self._s.sandbox_id, spec=spec, labels=self._labels()
+            ),
+            files=[_file_request(f) for f in spec.files],
+            steps=spec.steps,
+            reward=spec.reward,
+            default_timeout_s=spec.timeouts.step_s,
+            output_limit_bytes=spec.output_limit_bytes,
+            base_env=spec.env,
+            idempotent_steps=spec.idempotent_steps,
+        )
+        async with self._lock:
+            self._touch()
+            done: RunScriptedResult = await self._node_activity(
+                NodeActivities.run_scripted, request, timeout_s=300 + budget_s, attempts=4
+            )
+        self._s.sandbox_id, self._s.provision_s = (
+            done.provision.sandbox_id,
+            done.provision.provision_s,
+        )
+        self._s.torn_down = done.torn_down
+        # The step log is the trajectory: the reward is its last entry, as on
+        # the step-by-step path.
+        self._s.steps.extend([*done.steps, *([done.reward] if done.reward else [])])
+        self._s.next_index = len(self._s.steps)
+        self._s.scripted_done = True
+        self._touch()
+        failed = next((step for step in done.steps if not step.ok), None)
+        if failed is not None:
+            raise _step_failed(failed)
+        return done.reward
+
     async def _body(self) -> StepResult | None:
         if not self._s.scripted_done:
             for step in self._spec.steps[self._s.next_index :]:
@@ -342,11 +408,7 @@ class EpisodeWorkflow:
                 async with self._lock:
                     result = await self._run_step(step, "scripted")
                 if not result.ok:
-                    raise ApplicationError(
-                        f"step {result.index} `{result.cmd}` " + _step_failure(result),
-                        type="StepFailed",
-                        non_retryable=True,
-                    )
+                    raise _step_failed(result)
             self._s.scripted_done = True
         if self._spec.interactive and not await self._wait_for_finish():
             self._s.continue_due = True
@@ -522,9 +584,7 @@ class EpisodeWorkflow:
 
     async def _quarantined_until_decided(self, decision: Decision) -> None:
         rule = decision.rule
-        await self._node_activity(
-            NodeActivities.freeze, SandboxRef(sandbox_id=self._s.sandbox_id), timeout_s=30
-        )
+        await self._node_activity(NodeActivities.freeze, self._sandbox_ref(), timeout_s=30)
         self._s.quarantined = True
         self._s.reason = f"quarantined by rule '{rule}'"
         self._set_state("quarantined")
@@ -537,9 +597,7 @@ class EpisodeWorkflow:
         except TimeoutError:
             self._end(f"quarantine by rule '{rule}' timed out after {timeout_s:g} s", rule=rule)
         if self._s.kill is None:
-            await self._node_activity(
-                NodeActivities.thaw, SandboxRef(sandbox_id=self._s.sandbox_id), timeout_s=30
-            )
+            await self._node_activity(NodeActivities.thaw, self._sandbox_ref(), timeout_s=30)
             self._s.quarantined, self._s.release_requested, self._s.reason = False, False, ""
             self._set_state("running")
 
@@ -734,12 +792,16 @@ class EpisodeWorkflow:
             ended_at=workflow.now(),
             provision_s=self._s.provision_s,
         )
-        if self._s.node and not self._s.node_lost:
+        record = RecordEpisodeInput(result=result, workflow_id=info.workflow_id, run_id=info.run_id)
+        if self._s.torn_down or not self._s.node or self._s.node_lost:
+            # Nothing to tear down (a lean run's node did it, or the node is
+            # gone): the control role records the episode, in this task.
+            await workflow.execute_local_activity(
+                "corral.record_episode", record, start_to_close_timeout=timedelta(seconds=10)
+            )
+        else:
             # One activity tears down and records: a second one per episode
             # cost the server more than the record is worth.
-            record = RecordEpisodeInput(
-                result=result, workflow_id=info.workflow_id, run_id=info.run_id
-            )
             result.teardown_s = await self._teardown(record)
         await self._admission.release()  # after teardown: the room is free again
         self._set_state(outcome)
@@ -750,7 +812,11 @@ class EpisodeWorkflow:
         try:
             done = await self._node_activity(
                 NodeActivities.teardown,
-                TeardownInput(sandbox_id=self._s.sandbox_id, record=record),
+                TeardownInput(
+                    sandbox_id=self._s.sandbox_id,
+                    workflow_id=workflow.info().workflow_id,
+                    record=record,
+                ),
                 timeout_s=120,
             )
             return float(done.teardown_s)
@@ -789,6 +855,9 @@ class EpisodeWorkflow:
                 non_retryable_error_types=NON_RETRYABLE,
             ),
         )
+
+    def _sandbox_ref(self) -> SandboxRef:
+        return SandboxRef(sandbox_id=self._s.sandbox_id, workflow_id=workflow.info().workflow_id)
 
     def _touch(self) -> None:
         self._s.activity_seq += 1
@@ -852,6 +921,22 @@ async def _settle(task: asyncio.Task[Any]) -> None:
     except BaseException as err:
         if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)):
             workflow.logger.info("episode body ended with %r after kill", err)
+
+
+def _step_failed(result: StepResult) -> ApplicationError:
+    return ApplicationError(
+        f"step {result.index} `{result.cmd}` " + _step_failure(result),
+        type="StepFailed",
+        non_retryable=True,
+    )
+
+
+def _file_request(spec_file: FileSpec) -> WriteFileRequest:
+    return WriteFileRequest(
+        path=spec_file.path,
+        content_b64=base64.b64encode(spec_file.content.encode()).decode(),
+        mode=spec_file.mode,
+    )
 
 
 def _step_failure(result: StepResult) -> str:

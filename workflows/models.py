@@ -39,6 +39,8 @@ from activities.models import (
     ReapResult,
     RecordEpisodeInput,
     Resources,
+    RunScriptedInput,
+    RunScriptedResult,
     SandboxRef,
     SnapshotInput,
     SnapshotRequest,
@@ -87,6 +89,8 @@ __all__ = [
     "ReapResult",
     "RecordEpisodeInput",
     "Resources",
+    "RunScriptedInput",
+    "RunScriptedResult",
     "SandboxRef",
     "SnapshotInput",
     "SnapshotRequest",
@@ -149,6 +153,7 @@ class EpisodeState(BaseModel):
     pending_quarantines: list[Decision] = Field(default_factory=list)
     kill: KillOrder | None = None
     closing: bool = False
+    torn_down: bool = False  # a lean run's node destroyed the sandbox itself
     admission_held: bool = False  # the episode holds room in its tenant's quota
     node_lost: bool = False  # the node went away with the sandbox: nothing to tear down
     snapshots: list[str] = Field(default_factory=list)  # refs of the snapshots taken

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from episode_helpers import sandbox_exists
+from episode_helpers import eventually, sandbox_exists
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
@@ -15,6 +15,11 @@ from workers.config import StackConfig
 from workflows.episode import sandbox_id_for
 
 pytestmark = pytest.mark.integration
+
+
+async def _gone(config: StackConfig, sandbox_id: str) -> bool:
+    """A lean run's node removes the sandbox right after returning the result."""
+    return not await sandbox_exists(config, sandbox_id)
 
 
 async def test_scripted_episode_captures_stdout_stderr_and_exit_codes(
@@ -52,7 +57,7 @@ async def test_scripted_episode_captures_stdout_stderr_and_exit_codes(
     assert result.node in stack_config.node_names()
     assert result.sandbox_id == sandbox_id_for(result.episode_id)
     assert result.started_at and result.ended_at and result.duration_s > 0
-    assert not await sandbox_exists(stack_config, result.sandbox_id)
+    await eventually(lambda: _gone(stack_config, result.sandbox_id), what="sandbox removed")
 
 
 async def test_failing_step_fails_the_episode_naming_the_step(
@@ -69,7 +74,7 @@ async def test_failing_step_fails_the_episode_naming_the_step(
     assert err.result is not None and err.result.outcome == "failed"
     assert [s.exit_code for s in err.result.steps] == [0, 3]  # the third never ran
     assert err.result.steps[1].stderr == "bad\n"
-    assert not await sandbox_exists(stack_config, err.result.sandbox_id)
+    await eventually(lambda: _gone(stack_config, err.result.sandbox_id), what="sandbox removed")
 
 
 async def test_unknown_image_fails_with_one_line_reason_and_leaves_nothing(

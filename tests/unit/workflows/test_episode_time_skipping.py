@@ -33,7 +33,11 @@ from activities.models import (
     Placement,
     ProvisionInput,
     ProvisionResult,
+    RecordEpisodeInput,
+    RunScriptedInput,
+    RunScriptedResult,
     SandboxRef,
+    Step,
     StepResult,
     TeardownInput,
     TeardownResult,
@@ -97,11 +101,31 @@ class FakeNode:
             return StepResult(
                 index=input.index,
                 cmd=input.step.display(),
-                exit_code=0,
+                exit_code=1 if input.step.display() == "false" else 0,
                 stdout=f"out {input.index}\n",
                 source=input.source,
                 started_at=datetime.now(UTC),
             )
+
+        @activity.defn(name="corral.run_scripted")
+        async def run_scripted(input: RunScriptedInput) -> RunScriptedResult:
+            self.calls.append("run_scripted")
+            provisioned = await provision(input.provision)
+            steps: list[StepResult] = []
+            for i, step in enumerate(input.steps):  # up to the first failing step
+                steps.append(await exec_step(_step_input(provisioned.sandbox_id, step, i)))
+                if not steps[-1].ok:
+                    break
+            reward = None
+            if input.reward is not None and all(step.ok for step in steps):
+                reward = await exec_step(
+                    _step_input(provisioned.sandbox_id, input.reward, len(steps), "reward")
+                )
+            return RunScriptedResult(provision=provisioned, steps=steps, reward=reward)
+
+        @activity.defn(name="corral.record_episode")
+        async def record_episode(input: RecordEpisodeInput) -> None:
+            self.calls.append("record")
 
         @activity.defn(name="corral.write_file")
         async def write_file(input: WriteFileInput) -> None:
@@ -120,7 +144,28 @@ class FakeNode:
             self.calls.append("teardown")
             return TeardownResult(sandbox_id=input.sandbox_id, removed=True, teardown_s=0.01)
 
-        return [place, provision, exec_step, write_file, freeze, thaw, teardown]
+        return [
+            place,
+            record_episode,
+            provision,
+            exec_step,
+            run_scripted,
+            write_file,
+            freeze,
+            thaw,
+            teardown,
+        ]
+
+
+def _step_input(sandbox_id: str, step: Step, index: int, source: str = "scripted") -> ExecStepInput:
+    return ExecStepInput(
+        sandbox_id=sandbox_id,
+        step=step,
+        index=index,
+        source=source,  # type: ignore[arg-type]
+        default_timeout_s=60,
+        output_limit_bytes=1024,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -143,13 +188,13 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 async def node(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
     fake = FakeNode()
     activities = fake.activities()
-    place, node_side = activities[0], activities[1:]
+    control, node_side = activities[:2], activities[2:]
     async with (
         Worker(
             env.client,
             task_queue=WORKFLOW_QUEUE,
             workflows=[EpisodeWorkflow],
-            activities=[place],
+            activities=control,
             workflow_runner=workflow_runner(),
         ),
         Worker(env.client, task_queue=NODE_QUEUE, activities=node_side),
@@ -194,14 +239,39 @@ def _signal(rule: str, action: DecisionAction) -> AnomalySignal:
     return AnomalySignal(alert=alert, decision=Decision(action=action, rule=rule))
 
 
-async def test_scripted_episode_runs_every_step_then_tears_down(
+async def test_a_short_script_runs_as_one_node_activity(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
     handle = await _start(env, steps=["echo 1", "echo 2"], reward="echo 1")
     result = await handle.result()
     assert result.outcome == "completed"
-    assert [s.index for s in result.steps] == [0, 1, 2]
-    assert node.calls == ["place", "provision", "exec_step", "exec_step", "exec_step", "teardown"]
+    assert [s.index for s in result.steps] == [0, 1]
+    assert result.reward is not None and result.reward.index == 2
+    # The node tears the sandbox down itself; the control role records it.
+    assert node.calls == ["place", "run_scripted", "provision"] + ["exec_step"] * 3 + ["record"]
+
+
+async def test_a_failing_lean_step_fails_the_episode_naming_it(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env, steps=["true", "false", "true"], reward="echo 1")
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    failure = _failure_of(caught.value)
+    assert failure.type == "EpisodeFailed" and failure.message == "step 1 `false` exited 1"
+    assert node.calls == ["place", "run_scripted", "provision"] + ["exec_step"] * 2 + ["record"]
+
+
+async def test_step_by_step_when_the_run_limit_is_smaller_than_the_script(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _start(env, steps=["echo 1", "echo 2"], reward="echo 1", max_steps_per_run=50)
+    await handle.result()
+    handle = await _start(env, steps=["echo 1", "echo 2"], max_steps_per_run=1)
+    result = await handle.result()
+    assert result.outcome == "completed"
+    assert node.calls.count("run_scripted") == 1  # only the first episode was lean
+    assert node.calls[-1] == "teardown"
 
 
 async def test_on_call_kill_ends_an_interactive_episode_and_tears_down(
@@ -297,7 +367,7 @@ async def test_waits_visibly_while_no_node_has_room(
     node.rooms = [None, None, NODE]
     handle = await _start(env, steps=["true"])
     assert (await handle.result()).outcome == "completed"
-    assert node.calls[:4] == ["place", "place", "place", "provision"]
+    assert node.calls[:4] == ["place", "place", "place", "run_scripted"]
 
 
 async def test_lost_node_fails_a_running_episode_without_teardown(

@@ -27,6 +27,7 @@ from policies.falco.expand import (
     field_refs,
     fields_used,
     iter_checks,
+    macro_refs,
 )
 from policies.falco.fieldapi import FieldRegistry
 from policies.falco.grammar import (
@@ -57,6 +58,7 @@ __all__ = [
     "field_refs",
     "fields_used",
     "iter_checks",
+    "macro_refs",
     "make_getter",
     "missing_fields",
     "resolve_field",

@@ -29,6 +29,7 @@ from policies.falco.compiler import (
     event_types,
     fields_used,
     iter_checks,
+    macro_refs,
     make_getter,
     missing_fields,
     resolve_field,
@@ -49,6 +50,7 @@ from policies.falco.loader import (
     ExceptionInfo,
     LoadResult,
     LoadWarning,
+    MacroInfo,
     Priority,
     RuleInfo,
     RuleLoadError,
@@ -199,10 +201,20 @@ class _Builder:
         expansions = []
         for macro in sorted(self.load.macros.values(), key=lambda m: m.index):
             try:
+                self._check_visibility(macro)
                 expansions.append(self.expander.expand(macro.condition, macro.ctx))
             except RuleLoadError as e:
                 self._fail(e)
         return expansions
+
+    def _check_visibility(self, macro: MacroInfo) -> None:
+        for name in macro_refs(self.expander.macro_ast(macro.name)):
+            used = self.load.macros.get(name)
+            if used is not None and used.index >= macro.visibility:
+                raise RuleLoadError(
+                    f"undefined macro '{name}' used in filter (it is defined after this macro)",
+                    macro.ctx,
+                )
 
     def _entry(self, rule: RuleInfo) -> RuleEntry:
         text = condition_with_exceptions(rule)

@@ -221,6 +221,17 @@ def iter_checks(node: Node) -> Iterable[UnaryCheck | BinaryCheck]:
             yield from iter_checks(c)
 
 
+def macro_refs(node: Node) -> list[str]:
+    """The macros a (parsed, unexpanded) condition names directly."""
+    if isinstance(node, MacroRef):
+        return [node.name]
+    if isinstance(node, Not):
+        return macro_refs(node.child)
+    if isinstance(node, (And, Or)):
+        return [name for child in node.children for name in macro_refs(child)]
+    return []
+
+
 def field_refs(node: Node) -> list[FieldRef]:
     """Every field reference in the (expanded) condition, in order, with duplicates."""
     refs: list[FieldRef] = []

@@ -214,6 +214,9 @@ class MacroInfo:
     condition: str
     ctx: ItemContext
     index: int = 0
+    # Falco resolves a macro's references only to macros defined before its
+    # latest definition or append (the "visibility" order).
+    visibility: int = 0
 
 
 @dataclass
@@ -525,12 +528,14 @@ class _Reader:
     def __init__(self, result: LoadResult, file: str) -> None:
         self.res = result
         self.file = file
+        self._now = 0
 
     def read(self, text: str) -> None:
         for line, item in _read_items(text, self.file):
             self.read_item(line, item)
 
     def read_item(self, line: int, item: Any) -> None:
+        self._now = self.res.next_index()  # every item advances the order, as in Falco
         ctx = ItemContext(self.file, line, "item")
         if not isinstance(item, dict):
             raise RuleLoadError(
@@ -618,13 +623,14 @@ class _Reader:
             if prev is None:
                 raise RuleLoadError("macro appended to, but no earlier definition exists", ctx)
             prev.condition = f"{prev.condition} {cond}"
+            prev.visibility = self._now
             return
-        self._define(self.res.macros, MacroInfo(ctx.name, cond, ctx))
+        self._define(self.res.macros, MacroInfo(ctx.name, cond, ctx, visibility=self._now))
 
     def _define(self, table: dict[str, Any], info: Any) -> None:
         # A redefinition replaces the item but keeps its place in the order.
         prev = table.get(info.name)
-        info.index = prev.index if prev is not None else self.res.next_index()
+        info.index = prev.index if prev is not None else self._now
         table[info.name] = info
 
     # rules -------------------------------------------------------------

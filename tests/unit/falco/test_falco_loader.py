@@ -149,9 +149,20 @@ def test_undefined_macro_is_an_error() -> None:
         ruleset(rule("r", "nope and proc.name = x"))
 
 
+def test_macro_sees_only_macros_defined_before_it() -> None:
+    # Falco's visibility order: a forward reference is an undefined macro.
+    with pytest.raises(RuleLoadError, match="undefined macro 'b'") as err:
+        ruleset("- macro: a\n  condition: b\n- macro: b\n  condition: proc.name = x\n")
+    assert err.value.code == "LOAD_ERR_VALIDATE"
+
+
 def test_recursive_macro_is_an_error() -> None:
+    # An append makes later macros visible, which is how a cycle can form.
     with pytest.raises(RuleLoadError, match="references itself"):
-        ruleset("- macro: a\n  condition: b\n- macro: b\n  condition: a\n")
+        ruleset(
+            "- macro: a\n  condition: proc.name = x\n- macro: b\n  condition: a\n"
+            "- macro: a\n  condition: or b\n  override:\n    condition: append\n"
+        )
 
 
 def test_syntax_error_names_rule() -> None:

@@ -96,6 +96,11 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     help="Instead: snapshot, fork into 8 and hibernate -> restore, through the stack.",
 )
 @click.option("--fork-rounds", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option(
+    "--defense",
+    is_flag=True,
+    help="Instead: create+start and density with user namespace/quota off vs on (--n, --idle).",
+)
 @click.option("--fork-mb", type=click.IntRange(1, 4096), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
@@ -115,6 +120,7 @@ async def bench(
     fork: bool,
     fork_rounds: int,
     fork_mb: int,
+    defense: bool,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -143,6 +149,10 @@ async def bench(
 
     if fork:
         await _bench_fork(ctx, fork_rounds, fork_mb, as_json)
+        return
+
+    if defense:
+        await _bench_defense(ctx, n, idle, as_json)
         return
 
     with Progress(console=console, transient=True) as progress:
@@ -187,6 +197,21 @@ async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_j
         task = progress.add_task("idle sandboxes", total=idle)
         report = await run_elastic(
             ctx.config, idle=idle, busy=busy, spinning=spinning, tick=lambda: progress.advance(task)
+        )
+    if as_json:
+        emit_json(report)
+        return
+    for key, value in report.model_dump().items():
+        out.print(f"{key:24s} {value}", markup=False)
+
+
+async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> None:
+    from corral.bench_defense import VARIANTS, run_defense
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench --defense", total=n * len(VARIANTS) + 2 * density)
+        report = await run_defense(
+            ctx.config, n=n, density=density, tick=lambda: progress.advance(task)
         )
     if as_json:
         emit_json(report)

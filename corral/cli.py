@@ -201,13 +201,14 @@ def _register() -> None:
         cli_export,
         cli_images,
         cli_nodes,
+        cli_observability,
         cli_policy,
         cli_tenants,
         cli_tools,
     )
 
     modules = (cli_images, cli_episodes, cli_policy, cli_tools, cli_nodes, cli_tenants)
-    for module in (*modules, cli_export):
+    for module in (*modules, cli_export, cli_observability):
         for command in module.COMMANDS:
             cli.add_command(command)
 

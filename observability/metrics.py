@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import threading
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, get_args
 from wsgiref.simple_server import WSGIServer
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -50,7 +52,8 @@ class Metrics:
     Prometheus names (OpenTelemetry's translation): `corral_provision_duration_seconds`,
     `corral_exec_duration_seconds`, `corral_teardown_duration_seconds` (histograms),
     `corral_sandboxes` (gauge), `corral_alerts_total`, `corral_oom_kills_total`,
-    `corral_episodes_total` (counters).
+    `corral_episodes_total`, `corral_intake_alerts_total` (counters), and the
+    sensor's `corral_sensor_events_total` (see `observe_counts`).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class Metrics:
         self._server = server
         self.closed = False
         meter = provider.get_meter("corral")
+        self._meter = meter
         self.provision_duration = self._duration(meter, "corral.provision.duration", "provision")
         self.exec_duration = self._duration(meter, "corral.exec.duration", "one exec")
         self.teardown_duration = self._duration(meter, "corral.teardown.duration", "teardown")
@@ -80,6 +84,9 @@ class Metrics:
         )
         self.episodes = meter.create_counter(
             "corral.episodes", unit="1", description="Finished episodes by outcome"
+        )
+        self.intake_alerts = meter.create_counter(
+            "corral.intake.alerts", unit="1", description="Alerts the intake took, by outcome"
         )
         # Each sandbox's gauge state, so that removal and moves count from where it is.
         self._states: dict[tuple[str, str], SandboxState] = {}
@@ -151,6 +158,27 @@ class Metrics:
 
     def record_episode(self, outcome: str) -> None:
         self.episodes.add(1, {"outcome": outcome})
+
+    def record_intake_alert(self, rule: str, action: str, status: str) -> None:
+        """One alert at the intake: the decided action and what delivery made of it."""
+        self.intake_alerts.add(1, {"rule": rule, "action": action, "status": status})
+
+    def observe_counts(
+        self,
+        name: str,
+        description: str,
+        read: Callable[[], Mapping[str, float]],
+        attributes: Mapping[str, str],
+    ) -> None:
+        """Counters another component keeps (the sensor's stats), read at scrape time:
+        one series per key of `read()`, labelled `kind`."""
+
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, {**attributes, "kind": k}) for k, value in read().items()]
+
+        self._meter.create_observable_counter(
+            name, callbacks=[observe], unit="1", description=description
+        )
 
     def exposition(self) -> str:
         """The Prometheus text page, without HTTP (tests, `--json` dumps)."""

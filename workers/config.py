@@ -29,6 +29,7 @@ from sandbox.registry import (
 
 CONFIG_ENV = "CORRAL_CONFIG"
 DEFAULT_CONFIG_NAME = "temporal-dev.yaml"
+SERVICE_METRICS_OFFSET = 50  # intake and sensor ports start here above metrics_port_base
 
 
 class ConfigError(CorralError):
@@ -173,10 +174,17 @@ class StackConfig(_Strict):
 
         The workflow worker takes the first pair, node N the pair after N-1 others.
         """
-        names = self.node_names()
-        index = 0 if node is None else names.index(node) + 1 if node in names else len(names) + 1
-        base = self.workers.metrics_port_base + 2 * index
+        base = self.workers.metrics_port_base + 2 * self._process_index(node)
         return base, base + 1
+
+    def service_metrics_port(self, node: str | None = None) -> int:
+        """The Prometheus port of the intake (no node) or of a node's sensor:
+        a block above the workers' pairs, so adding nodes never moves it."""
+        return self.workers.metrics_port_base + SERVICE_METRICS_OFFSET + self._process_index(node)
+
+    def _process_index(self, node: str | None) -> int:
+        names = self.node_names()
+        return 0 if node is None else names.index(node) + 1 if node in names else len(names) + 1
 
     @property
     def records_dir(self) -> Path:

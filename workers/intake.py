@@ -340,6 +340,7 @@ def load_token(token_env: str, token_file: Path | None = None) -> SecretStr:
 
 async def serve_from_config(config_path: Path | None = None) -> None:
     """The intake of the dev stack: settings from `temporal-dev.yaml`."""
+    from observability.metrics import setup_metrics
     from workers.config import load_config
     from workers.directory import EpisodeDirectory
     from workers.temporal import connect
@@ -354,7 +355,15 @@ async def serve_from_config(config_path: Path | None = None) -> None:
         tls_key=config.resolve(config.intake.tls_key) if config.intake.tls_key else None,
     )
     client = await connect(config)
-    await run_intake(settings, TemporalDelivery(client, EpisodeDirectory(client).workflow_for))
+    delivery = TemporalDelivery(client, EpisodeDirectory(client).workflow_for)
+    metrics = setup_metrics("corral-intake", prometheus_port=config.service_metrics_port())
+
+    async def counted(alert: Alert, decision: Decision) -> DeliveryResult:
+        result = await delivery(alert, decision)
+        metrics.record_intake_alert(alert.rule, decision.action, result.status)
+        return result
+
+    await run_intake(settings, counted)
 
 
 def main() -> None:

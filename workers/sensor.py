@@ -44,6 +44,7 @@ from typing import Any
 
 import aiohttp
 
+from observability.metrics import Metrics, setup_metrics
 from policies.alert import KEPT_FIELDS, Alert
 from policies.falco.engine import Match, RuleEngine
 from policies.falco.event import ContainerInfo, Event, MountInfo, mounts_from_spec
@@ -454,6 +455,7 @@ async def run_node_sensor(
         hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.cgroups.forget,
     )  # fmt: skip
     sensor.add_callback(pipeline.on_event)
+    metrics = _served_metrics(config, node, sensor, pipeline, poster)
     stop = stop or asyncio.Event()
     await poster.start()
     with contextlib.suppress(CorralError, OSError):
@@ -477,6 +479,25 @@ async def run_node_sensor(
         with contextlib.suppress(OSError):
             _ready_file(config, node).unlink()
         _log_stats(sensor, pipeline, poster, node)
+        metrics.close()
+
+
+def _served_metrics(
+    config: StackConfig, node: str, sensor: Any, pipeline: NodePipeline, poster: AlertPoster
+) -> Metrics:
+    """The sensor's counters (the ones `_log_stats` logs) on its Prometheus endpoint."""
+    port = config.service_metrics_port(node)
+    metrics = setup_metrics(f"corral-sensor-{node}", prometheus_port=port)
+    s, p, a = sensor.stats, pipeline.stats, poster.stats
+    metrics.observe_counts(
+        "corral.sensor.events",
+        "Sensor events by stage: seen, lost, evaluated, matched, posted, failed",
+        lambda: {"seen": s.events, "lost": s.lost, "dropped": s.dropped,
+                 "evaluated": p.evaluated, "matched": p.matches, "posted": a.posted,
+                 "rejected": a.rejected, "failed": a.failed},
+        {"node": node},
+    )  # fmt: skip
+    return metrics
 
 
 async def _mark_ready(sensor: Any, path: Path, node: str) -> None:

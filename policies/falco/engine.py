@@ -279,6 +279,10 @@ class _Builder:
         self._warn_compiled(entry)
 
     def _output_text(self, rule: RuleInfo) -> str:
+        for name in _DEPRECATED_FIELDS:
+            if name in rule.output:
+                self.load.warn(f"usage of deprecated field '{name}' has been detected in the "
+                               "rule output", rule.ctx, DEPRECATED_ITEM)  # fmt: skip
         if _CONTAINER_INFO not in rule.output:
             return rule.output
         self.load.warn(f"{_CONTAINER_INFO} is deprecated and expands to nothing", rule.ctx,
@@ -306,6 +310,9 @@ class _Builder:
     def _warn_compiled(self, entry: RuleEntry) -> None:
         rule = entry.info
         assert entry.expansion is not None
+        for name in sorted(set(fields_used(entry.expansion.node)) & set(_DEPRECATED_FIELDS)):
+            self.load.warn(f"usage of deprecated field '{name}' in the condition", rule.ctx,
+                           DEPRECATED_ITEM)  # fmt: skip
         if _compares_with_na(entry.expansion.node):
             self.load.warn("condition compares a field with <NA>: unsafe, the comparison "
                            "never sees a missing value", rule.ctx, UNSAFE_NA_CHECK)  # fmt: skip
@@ -336,6 +343,8 @@ class _Builder:
 
 # Falco no longer expands this output token (the container plugin adds its fields).
 _CONTAINER_INFO = "%container.info"
+# Fields Falco warns about (evt.dir: events are merged enter/exit pairs now).
+_DEPRECATED_FIELDS = ("evt.dir",)
 _NA_CHECK_OPS = ("=", "==", "!=", "in", "intersects", "pmatch")
 
 # Falco warns about rules whose event-type set is empty or larger than this.

@@ -367,9 +367,15 @@ def _require(item: dict[str, Any], key: str, ctx: ItemContext) -> Any:
 
 
 def _as_str(value: Any, key: str, ctx: ItemContext) -> str:
+    """A present key's scalar: Falco refuses a null or empty one, as it does a missing one."""
     if isinstance(value, (dict, list)):
         raise RuleLoadError(f"'{key}' must be a string", ctx, YAML_VALIDATE)
-    return "" if value is None else str(value)
+    if value is None:
+        raise RuleLoadError(f"mapping for key '{key}' is empty", ctx, YAML_VALIDATE)
+    text = str(value)
+    if not text:
+        raise RuleLoadError(f"value for key '{key}' must be non-empty", ctx, YAML_VALIDATE)
+    return text
 
 
 def _as_bool(value: Any, key: str, ctx: ItemContext) -> bool:
@@ -389,9 +395,9 @@ def _as_str_list(value: Any, key: str, ctx: ItemContext) -> list[str]:
     if not isinstance(value, list):
         raise RuleLoadError(f"'{key}' must be a sequence", ctx, YAML_VALIDATE)
     for v in value:
-        if isinstance(v, (dict, list)):
+        if v is None or isinstance(v, (dict, list)):
             raise RuleLoadError(f"'{key}' entries must be strings", ctx, YAML_VALIDATE)
-    return ["" if v is None else str(v) for v in value]
+    return [str(v) for v in value]
 
 
 def _as_count(value: Any, key: str, ctx: ItemContext) -> int:

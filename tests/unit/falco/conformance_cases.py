@@ -13,7 +13,7 @@ not be consulted while writing them). Each case has:
 * optionally ``divergence``: why this engine knowingly reaches another
   verdict (the test expects the failure and the pass rate counts it);
 * optionally ``source``: ``falco`` when the case was checked against a stored
-  copy of Falco's ``test_rule_loader.cpp`` or its rule compiler source (read
+  copy of Falco's ``test_rule_loader.cpp`` or its rule reader/compiler source (read
   late in the work, cases re-written by hand), ``falco-0.44-notes`` when
   checked against the Falco 0.44.0 release notes; cases without it are from
   knowledge only.

@@ -96,14 +96,15 @@ list_rhs: "(" [list_item ("," list_item)*] ")" -> list_value
 field_rhs: VAL lhs ")"       -> val_rhs
          | TRANSFORMER lhs ")" -> transformed_rhs
 
-_OR: "or"
-_AND: "and"
-_NOT: "not"
+// Word keywords end at a non-identifier character, as in libsinsp ("a andb"
+// and "startswithvalue" are errors there); "exists" is the exception.
+_OR.2: /or(?![A-Za-z0-9_])/
+_AND.2: /and(?![A-Za-z0-9_])/
+_NOT.2: /not(?![A-Za-z0-9_])/
 UNARY_OP: "exists"
 NUM_OP: "<=" | "<" | ">=" | ">"
-STR_OP: "==" | "=" | "!=" | "glob" | "iglob" | "contains" | "icontains" | "bcontains"
-      | "startswith" | "bstartswith" | "endswith" | "regex"
-LIST_OP: "intersects" | "in" | "pmatch"
+STR_OP: /==|=|!=|WORD_STR_OPS_RE/
+LIST_OP: /(?:intersects|in|pmatch)(?![A-Za-z0-9_])/
 MODIFIER.3: /(oneof|anyof|allof)(?=[\s(])/
 
 TRANSFORMER.4: /(tolower|toupper|b64|basename|len)\(/
@@ -351,6 +352,8 @@ class _ToAst(Transformer):  # type: ignore[type-arg]
 def _parser() -> Lark:
     grammar = _GRAMMAR.replace("FIELD_RE", _FIELD_NAME + "(?:" + _FIELD_ARG + ")?")
     grammar = grammar.replace("QUOTED_RE", _QUOTED)
+    words = "|".join(op for op in STR_OPS if op.isalpha())
+    grammar = grammar.replace("WORD_STR_OPS_RE", f"(?:{words})(?![A-Za-z0-9_])")
     return Lark(grammar, parser="lalr", lexer="contextual", maybe_placeholders=True)
 
 

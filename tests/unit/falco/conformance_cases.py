@@ -6,8 +6,9 @@ libsinsp's filter parser and compiler tests check, written from knowledge of
 Falco's behaviour case by case (no test code was copied, and the sources could
 not be consulted while writing them). Each case has:
 
-* ``name`` and ``rules`` (a rule file) or ``condition`` (wrapped into one
-  rule on ``evt.type = open``, for the filter cases);
+* ``name`` and ``rules`` (a rule file), ``condition`` (wrapped into one
+  rule on ``evt.type = open``, for the filter cases) or ``parse`` (a
+  condition checked for syntax only, fields need not exist);
 * ``expect``: ``ok`` (loads, no warning), ``warning: LOAD_...`` (loads and
   warns that kind) or ``error: LOAD_ERR_...`` (the load fails with that kind);
 * optionally ``divergence``: why this engine knowingly reaches another
@@ -16,7 +17,8 @@ not be consulted while writing them). Each case has:
   copy of Falco's ``test_rule_loader.cpp`` or its rule reader/compiler source (read
   late in the work, cases re-written by hand), ``falco-0.44-notes`` when
   checked against the Falco 0.44.0 release notes; cases without it are from
-  knowledge only.
+  knowledge only; ``libs`` for inputs of a stored copy of libs'
+  ``filter_parser.ut.cpp``.
 
 Run this module to print the pass rate per file (``docs/policies.md`` quotes it):
 ``.venv/bin/python tests/unit/falco/conformance_cases.py``.
@@ -33,7 +35,8 @@ import yaml
 
 from policies.falco.engine import Ruleset
 from policies.falco.fields import default_registry
-from policies.falco.loader import RuleLoadError, load_texts
+from policies.falco.grammar import ConditionParseError, parse_condition
+from policies.falco.loader import COMPILE_CONDITION, RuleLoadError, load_texts
 
 CASES_DIR = Path(__file__).with_name("conformance")
 
@@ -42,10 +45,11 @@ CASES_DIR = Path(__file__).with_name("conformance")
 class Case:
     file: str
     name: str
-    rules: str
+    rules: str  # a rule file, or for a parse case the bare condition
     expect: str  # "ok", "warning LOAD_...", "error LOAD_ERR_..."
     divergence: str | None = None
     source: str | None = None
+    parse_only: bool = False
 
     @property
     def id(self) -> str:
@@ -75,15 +79,24 @@ def load_cases(directory: Path = CASES_DIR) -> list[Case]:
     cases: list[Case] = []
     for path in sorted(directory.glob("*.yaml")):
         for raw in yaml.safe_load(path.read_text(encoding="utf-8")):
-            rules = raw["rules"] if "rules" in raw else _wrap(raw["condition"])
+            if "parse" in raw:
+                rules = raw["parse"]
+            else:
+                rules = raw["rules"] if "rules" in raw else _wrap(raw["condition"])
             case = Case(path.stem, raw["name"], rules, _expect(raw["expect"]),
-                        raw.get("divergence"), raw.get("source"))  # fmt: skip
+                        raw.get("divergence"), raw.get("source"), "parse" in raw)  # fmt: skip
             cases.append(case)
     return cases
 
 
 def verdict(case: Case) -> tuple[str, set[str]]:
     """("ok" | "error CODE", warning codes) as this engine loads the case."""
+    if case.parse_only:
+        try:
+            parse_condition(case.rules)
+        except ConditionParseError:
+            return f"error {COMPILE_CONDITION}", set()
+        return "ok", set()
     try:
         load = load_texts([(f"{case.name}.yaml", case.rules)])
         ruleset = Ruleset.build(load, default_registry(), strict=True)

@@ -200,3 +200,22 @@ def test_keywords_need_word_boundaries() -> None:
     # "andy" and "notx" are macros, not and/not
     node = parse_condition("andy or notx")
     assert to_text(node) == "andy or notx"
+
+
+@pytest.mark.parametrize(
+    ("condition", "event", "expected"),
+    [  # values of libs' transformer tests (a stored copy of filter_transformer.ut.cpp)
+        ("toupper(proc.name) = EXCITED", {"proc.name": "eXcItED"}, True),
+        ("tolower(proc.name) = 'not excited'", {"proc.name": "NoT eXcItED"}, True),
+        ("b64(proc.name) = 'world !'", {"proc.name": "d29ybGQgIQ=="}, True),
+        ("basename(fd.name) = hello.txt", {"fd.name": "/home/ubuntu/hello.txt"}, True),
+        ("basename(fd.name) = ''", {"fd.name": "/"}, True),
+        ("basename(fd.name) = ''", {"fd.name": "/hello/"}, True),
+        ("basename(fd.name) = hello", {"fd.name": "hello"}, True),
+        ("len(fd.name) = 22", {"fd.name": "/home/ubuntu/hello.txt"}, True),
+        ("len(proc.aname) = 2", {"proc.aname": ["ipv4", "file"]}, True),
+        ("len(proc.aname) = 0", {"proc.aname": []}, True),
+    ],
+)
+def test_transformers_like_libs(condition: str, event: dict[str, object], expected: bool) -> None:
+    assert matches(condition, {"evt.type": "open", **event}) is expected

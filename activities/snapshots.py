@@ -24,23 +24,38 @@ from activities.node import _heartbeating, _mapped
 from sandbox import Containerd
 from sandbox.errors import ContainerdUnavailable, ImageNotFound
 from sandbox.images import resolve_image_name
+from sandbox.models import ImageInfo
+from sandbox.registry import RegistryOptions
 from sandbox.snapshot import (
     LAYER_BYTES_LABEL,
     NODE_LABEL,
     PARENT_EPISODE_LABEL,
     commit_sandbox,
     copy_image,
-    is_snapshot_ref,
+    is_local_snapshot,
+    put_image,
 )
+from sandbox.transfer import push_image
 
 
 class SnapshotActivities:
-    """One per node worker; ``peers`` maps sibling node names to their containerd sockets."""
+    """One per node worker; ``peers`` maps sibling node names to their containerd sockets;
+    with ``registry`` (host[:port]) snapshots are pushed there and named after it."""
 
-    def __init__(self, node: str, containerd: Containerd, peers: dict[str, Path]) -> None:
+    def __init__(
+        self,
+        node: str,
+        containerd: Containerd,
+        peers: dict[str, Path],
+        *,
+        registry: str | None = None,
+        registry_options: RegistryOptions | None = None,
+    ) -> None:
         self.node = node
         self._containerd = containerd
         self._peers = peers
+        self._registry = registry
+        self._registry_options = registry_options or RegistryOptions()
 
     @activity.defn(name="corral.snapshot")
     async def snapshot(self, input: SnapshotInput) -> SnapshotResult:
@@ -55,14 +70,28 @@ class SnapshotActivities:
                 )
             )
         )
+        ref = input.ref
+        if self._registry:
+            ref = await _heartbeating(_mapped(self._share(info, f"{self._registry}/{input.ref}")))
         return SnapshotResult(
-            ref=input.ref,
+            ref=ref,
             image=info.name,
             node=self.node,
             sandbox_id=input.sandbox_id,
             seconds=time.monotonic() - started,
             layer_bytes=int(info.labels.get(LAYER_BYTES_LABEL, "0")),
         )
+
+    async def _share(self, info: ImageInfo, remote: str) -> str:
+        """Tag the snapshot under its registry name (this node then needs no pull) and push."""
+        client = self._containerd
+        target = {"mediaType": info.media_type, "digest": info.digest, "size": info.size}
+        await put_image(
+            client.connection, resolve_image_name(remote), target, info.chain_id or "", info.labels
+        )
+        options = self._registry_options
+        await push_image(client.images, info.name, remote, options, options.credentials)
+        return remote
 
     @activity.defn(name="corral.fetch_image")
     async def fetch_image(self, input: FetchImageInput) -> bool:
@@ -72,10 +101,10 @@ class SnapshotActivities:
     async def ensure_image(self, image: str, from_node: str = "") -> bool:
         """Copy snapshot ``image`` from a sibling node if this node lacks it.
 
-        Images that are not snapshots, or that no sibling holds, are left to
-        provision (a registry pull, or its ImageNotFound).
+        Images that are not local snapshots (a pushed one is pulled), or that no
+        sibling holds, are left to provision (a registry pull, or ImageNotFound).
         """
-        if not is_snapshot_ref(image) or await self._has(self._containerd, image):
+        if not is_local_snapshot(image) or await self._has(self._containerd, image):
             return False
         peers = [from_node] if from_node in self._peers else sorted(self._peers)
         for peer in peers:

@@ -34,7 +34,14 @@ from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox.connection import Connection
 from sandbox.errors import SandboxError, SandboxNotFound
 from sandbox.grpc_errors import is_not_found, map_grpc_error
-from sandbox.images import CHAIN_ID_LABEL, ImageStore, _gc_labels, chain_ids, resolve_image_name
+from sandbox.images import (
+    CHAIN_ID_LABEL,
+    LOCAL_REGISTRY,
+    ImageStore,
+    _gc_labels,
+    chain_ids,
+    resolve_image_name,
+)
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import MEDIA_MANIFEST
 
@@ -60,8 +67,9 @@ def snapshot_ref(episode_id: str, name: str) -> str:
     return f"{SNAPSHOT_REPO}/{repo}:{tag}"
 
 
-def is_snapshot_ref(image: str) -> bool:
-    return f"/{SNAPSHOT_REPO}/" in "/" + resolve_image_name(image).split("/", 1)[1]
+def is_local_snapshot(image: str) -> bool:
+    """A snapshot named in the local registry (not pushed anywhere): nodes copy it."""
+    return resolve_image_name(image).startswith(f"{LOCAL_REGISTRY}/{SNAPSHOT_REPO}/")
 
 
 async def commit_sandbox(

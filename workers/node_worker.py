@@ -60,7 +60,13 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
     pool = WarmPool(containerd, node, config.workers.warm_pool)
     await pool.start()
     peers = {n: config.containerd_socket(n) for n in config.node_names() if n != node}
-    snapshots = SnapshotActivities(node, containerd, peers)
+    snapshots = SnapshotActivities(
+        node,
+        containerd,
+        peers,
+        registry=config.registry.default,
+        registry_options=config.registry.options(),
+    )
     node_activities = NodeActivities(
         node,
         containerd,

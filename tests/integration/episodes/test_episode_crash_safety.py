@@ -128,3 +128,33 @@ async def test_workflow_worker_killed_during_an_interactive_update(
     assert final.reward is not None and final.reward.stdout == "a\nb\n"
     assert final.sandbox_id == sandbox_id
     assert not await sandbox_exists(stack_config, sandbox_id)
+
+
+async def test_containerd_killed_mid_step_reports_interrupted(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode, sandbox_id, long_step = await _long_step_in_flight(
+        corral, stack_config, "sleep 20; echo b >> /tmp/log"
+    )
+    daemon = stack.daemon(NODE)
+    pid = daemon.pid
+    assert pid is not None, "containerd of node-1 is not running"
+    os.kill(pid, signal.SIGKILL)
+    try:
+        assert wait_exit(pid, 10), "containerd survived SIGKILL"
+        step = await long_step
+    finally:
+        await daemon.start()  # the shims kept the sandbox; the new daemon adopts it
+
+    # No bare exit code: the step says it was interrupted, and by what.
+    assert step.index == 1 and not step.ok
+    assert "containerd is unavailable" in step.interrupted, step.interrupted
+    assert step.stderr == f"corral: interrupted: {step.interrupted}"
+
+    # The episode goes on in the same sandbox once containerd is back.
+    assert (await episode.exec("echo c >> /tmp/log")).ok
+    assert (await episode.status()).sandbox_id == sandbox_id
+    final = await episode.finish()
+    assert final.outcome == "completed"
+    assert final.steps[1].interrupted == step.interrupted
+    assert not await sandbox_exists(stack_config, sandbox_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import uuid
 
 from registry_helpers import RegistryServer
@@ -12,15 +13,14 @@ from registry_helpers import RegistryServer
 from sandbox.models import ImageInfo
 from tests.conftest import REPO
 
-CORRAL = REPO / ".venv" / "bin" / "corral"
-
 
 async def _corral(*args: str, password: str | None = None) -> tuple[int, str, str]:
-    """The CLI with the test session's CORRAL_* variables (so: the test stack), a
-    password on its stdin when given."""
+    """The CLI of this checkout with the test session's CORRAL_* variables (so: the
+    test stack), a password on its stdin when given."""
     proc = await asyncio.create_subprocess_exec(
-        str(CORRAL), *args, cwd=REPO, env=dict(os.environ), stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "corral", *args, cwd=REPO, env=dict(os.environ),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate((password or "").encode()), 300)
     assert proc.returncode is not None

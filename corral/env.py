@@ -165,10 +165,14 @@ class CorralEnv:
         await self.close()
         if seed is not None:
             self._rng.seed(seed)
-        self.task = self._pick(options or {})
+        task = self._pick(options or {})
+        return self.attach(await self.corral.start_episode(task.spec), task)
+
+    def attach(self, episode: Episode, task: Task) -> tuple[str, Info]:
+        """Play `task` in an episode started elsewhere (a fork); returns (prompt, info)."""
+        self.task, self.episode = task, episode
         self.transitions, self.result = [], None
-        self.episode = await self.corral.start_episode(self.task.spec)
-        return self.task.prompt, {"task": self.task.name, "episode_id": self.episode.id}
+        return task.prompt, {"task": task.name, "episode_id": episode.id}
 
     def _pick(self, options: dict[str, Any]) -> Task:
         name = options.get("task")
@@ -328,28 +332,58 @@ async def run_group(
     *,
     size: int = 4,
     max_steps: int = 16,
-    seed: int | None = None,
+    prefix: Sequence[Action] = (),
+    fork: bool = True,
 ) -> list[Rollout]:
     """G rollouts of one task, run at once, with their rewards (for group baselines).
 
-    Each rollout is its own episode started from the task's spec (the image is
-    the shared snapshot). `policy` is called with the rollout's index in
+    With `fork` (the default) one episode sets the task up, plays the shared
+    `prefix` actions, and the G rollouts fork from its filesystem at that
+    point; without, each rollout is its own episode of the task (and plays
+    the prefix itself). `policy` is called with the rollout's index in
     `info["rollout"]` so a stochastic policy can draw each one differently.
     """
     if size < 1:
         raise InvalidEpisodeSpec(f"a group needs at least one rollout, not {size}")
+    if len(prefix) >= max_steps:
+        raise InvalidEpisodeSpec(f"a prefix of {len(prefix)} actions leaves none of {max_steps}")
+    shared: list[Transition] = []
+    episodes: list[Episode | None] = [None] * size
+    if fork:
+        episodes[:], shared = await _forked(corral, task, prefix, size, max_steps)
 
     async def one(index: int) -> Rollout:
         async with CorralEnv(corral, task, max_steps=max_steps) as env:
-            seeded = None if seed is None else seed * 1_000 + index
-            observation, info = await env.reset(seed=seeded)
-            terminated = truncated = False
-            while not (terminated or truncated):
-                action = await _call(policy, observation, {**info, "rollout": index})
-                observation, _, terminated, truncated, info = await env.step(action)
-            return env.rollout()
+            child = episodes[index]
+            observation, info = env.attach(child, task) if child else await env.reset()
+            env.transitions = list(shared)
+            for action in () if child else prefix:
+                observation, *_, info = await env.step(action)
+            return await _play(env, policy, observation, {**info, "rollout": index})
 
     return list(await asyncio.gather(*(one(i) for i in range(size))))
+
+
+async def _forked(
+    corral: Corral, task: Task, prefix: Sequence[Action], size: int, max_steps: int
+) -> tuple[list[Episode | None], list[Transition]]:
+    """`size` episodes forked from one that played `prefix`, and the prefix's transitions."""
+    async with CorralEnv(corral, task, max_steps=max_steps) as parent:
+        await parent.reset()
+        for action in prefix:
+            await parent.step(action)
+        assert parent.episode is not None  # reset started it
+        children: list[Episode | None] = list(await parent.episode.fork(size))
+        return children, list(parent.transitions)
+
+
+async def _play(env: CorralEnv, policy: Policy, observation: str, info: Info) -> Rollout:
+    terminated = truncated = False
+    while not (terminated or truncated):
+        action = await _call(policy, observation, info)
+        observation, _, terminated, truncated, step_info = await env.step(action)
+        info = {**step_info, "rollout": info["rollout"]}
+    return env.rollout()
 
 
 async def _call(policy: Policy, observation: str, info: Info) -> Action:

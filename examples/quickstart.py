@@ -1,26 +1,34 @@
 """The README's trainer quickstart, runnable: `.venv/bin/python examples/quickstart.py`."""
 
 import asyncio
+import os
 
-from corral import Corral, EpisodeSpec
+from corral import Corral, EpisodeFileNotFound, EpisodeSpec
 
 
 async def main() -> None:
     async with await Corral.connect() as corral:
-        episode = await corral.start_episode(
-            EpisodeSpec(image="busybox", interactive=True, reward="cat /workspace/score")
-        )
-        result = await episode.exec(["sh", "-c", "echo 0.75 > /workspace/score"])
-        print(result.exit_code, result.stdout)
-        await episode.write_file("/workspace/notes.txt", "hello")
-        print(await episode.read_file("/workspace/notes.txt"))
-        final = await episode.finish()
+        # No steps: the episode waits for requests. Leaving `async with` finishes
+        # it (runs the reward); an exception in the block cancels it instead.
+        spec = EpisodeSpec(image="busybox", reward="cat /workspace/score")
+        async with await corral.start_episode(spec) as episode:
+            result = await episode.exec(["sh", "-c", "echo 0.75 > /workspace/score"])
+            print(result.exit_code, result.stdout)
+            await episode.write_file("/workspace/notes.txt", "hello")
+            print(await episode.read_file("/workspace/notes.txt"))
+            try:
+                await episode.read_file("/workspace/missing.txt")
+            except EpisodeFileNotFound as err:
+                print("as expected:", err)
+        final = await episode.result()
         print(final.outcome, final.reward.stdout if final.reward else None)
 
-        spec = EpisodeSpec(image="busybox", steps=["echo hi"])
-        async for r in corral.run_batch(spec, n=20, concurrency=4):
+        # A batch: results stream back as episodes end.
+        batch = EpisodeSpec(image="busybox", steps=["echo hi"])
+        async for r in corral.run_batch(batch, n=20, concurrency=4):
             print(r.episode_id, r.outcome)
 
 
 if __name__ == "__main__":
     asyncio.run(main())
+    os._exit(0)  # temporalio/sdk-python#300: a client-only process can abort at exit

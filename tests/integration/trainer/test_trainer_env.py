@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from corral import Corral
-from corral.env import CorralEnv, SyncCorralEnv, Task
+from corral.env import CorralEnv, SyncCorralEnv, Task, run_group
 from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
@@ -79,6 +79,18 @@ async def test_the_sync_environment_runs_in_a_plain_loop(stack_config: StackConf
             return reward, terminated
 
     assert await asyncio.to_thread(play) == (0.0, True)
+
+
+@pytest.mark.parametrize("fork", [True, False])
+async def test_a_group_shares_its_prefix(corral: Corral, fork: bool) -> None:
+    def submit(observation: str, info: dict[str, object]) -> dict[str, str]:
+        return {"tool": "submit"}
+
+    prefix = ["echo 42 > /workspace/answer"]
+    rollouts = await run_group(corral, ANSWER_IS_42, submit, size=3, prefix=prefix, fork=fork)
+    assert [r.reward for r in rollouts] == [1.0, 1.0, 1.0]
+    assert all(r.transitions[0].action == prefix[0] for r in rollouts)
+    assert len({r.episode_id for r in rollouts}) == 3
 
 
 async def test_rl_loop_example_runs_8_groups_of_4(corral: Corral) -> None:

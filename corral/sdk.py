@@ -96,7 +96,7 @@ _ERROR_TYPES: dict[str, type[EpisodeError]] = {
 # The server fails an accepted Update with this type when the workflow closes first.
 _CLOSED_UNDER_UPDATE = frozenset({"AcceptedUpdateCompletedWorkflow"})
 # Update validators refuse with a plain ValueError ("episode is not interactive", ...).
-_REFUSALS = frozenset({"ValueError", "EpisodeRejected"})
+_REFUSALS = frozenset({"ValueError", "EpisodeRejected", "EpisodeFinishing", "InvalidRequest"})
 _STATE = SearchAttributeKey.for_keyword("EpisodeState")
 _TENANT = SearchAttributeKey.for_keyword("Tenant")
 _IMAGE = SearchAttributeKey.for_keyword("SandboxImage")

@@ -9,6 +9,7 @@ APT_PACKAGES=(
   golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
   docker-registry apache2-utils
   btrfs-progs gcc libc6-dev
+  chromium prometheus
 )
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3

@@ -38,6 +38,7 @@ from sandbox.errors import SandboxError
 
 SNAPSHOTTER_DIR = "io.containerd.snapshotter.v1.overlayfs"
 IMAGE_NAME = "snapshots.btrfs"
+STAGING_DIR = "corral-quota-staging"
 DEFAULT_FS_GB = 256  # sparse: the host disk only holds what is written
 COMMAND_TIMEOUT_S = 120.0
 
@@ -107,10 +108,13 @@ def limit_upper(upper: Path, size_mb: int, owner: tuple[int, int]) -> None:
     sandbox's root: the overlay's root directory takes the upper dir's owner.
     """
     snapshot = upper.parent
-    staged = snapshot.with_name(f".quota-{snapshot.name}")
+    # Staged beside snapshots/, not in it: containerd's cleanup deletes unknown dirs there.
+    staging = snapshot.parent.parent / STAGING_DIR
+    staged = staging / snapshot.name
     try:
         modes = {child.name: stat.S_IMODE(child.stat().st_mode) for child in snapshot.iterdir()}
-        _create_subvolume(snapshot.parent, staged.name)
+        staging.mkdir(mode=0o700, exist_ok=True)
+        _create_subvolume(staging, staged.name)
         for name, mode in modes.items():
             (staged / name).mkdir(mode=mode)
             os.chmod(staged / name, mode)

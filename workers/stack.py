@@ -47,7 +47,7 @@ from workers.processes import ManagedProcess, pid_alive
 from workers.temporal import connect
 
 JANITOR_SCHEDULE_ID = "corral-janitor"
-SERVICE_START_TIMEOUT_S = 60.0
+SERVICE_START_TIMEOUT_S = 180.0  # bpftrace compiles for each sensor: slow on 2 busy cores
 Role = Literal["all", "control"]
 STACK_FILE = "stack.json"
 NODE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")

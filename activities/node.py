@@ -637,9 +637,12 @@ async def _mapped(work: Awaitable[T]) -> T:
 
 
 def _to_app_error(err: CorralError) -> ApplicationError:
+    # containerd down or restarting, or a start that failed and was rolled back
+    # (runc under memory pressure, a shim that did not come up): a retry can help.
     retryable = isinstance(err, SandboxError) and type(err).__name__ in (
         "ContainerdUnavailable",
         "ContainerdError",
+        "SandboxStartFailed",
     )
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
 

@@ -100,6 +100,9 @@ MAX_STEPS_PER_RUN = 400
 # whose outputs fit one payload (Temporal's limit is 2 MB).
 LEAN_MAX_STEPS = 50
 LEAN_MAX_OUTPUT_BYTES = 1024 * 1024
+# Provisions retry this often (0.2 s doubling to 8 s between attempts: about
+# 30 s in all), enough to ride out a containerd restart.
+PROVISION_ATTEMPTS = 8
 # While no node has room, ask placement again this often.
 PLACE_RETRY_S = 2.0
 
@@ -285,7 +288,7 @@ class EpisodeWorkflow:
             NodeActivities.provision,
             ProvisionInput(sandbox_id=self._s.sandbox_id, spec=self._spec, labels=self._labels()),
             timeout_s=300,
-            attempts=4,
+            attempts=PROVISION_ATTEMPTS,
         )
         self._s.provision_s = result.provision_s
         # A warm sandbox keeps its own id; every later activity uses the real one.
@@ -380,7 +383,10 @@ class EpisodeWorkflow:
         async with self._lock:
             self._touch()
             done: RunScriptedResult = await self._node_activity(
-                NodeActivities.run_scripted, request, timeout_s=300 + budget_s, attempts=4
+                NodeActivities.run_scripted,
+                request,
+                timeout_s=300 + budget_s,
+                attempts=PROVISION_ATTEMPTS,
             )
         self._s.sandbox_id, self._s.provision_s = (
             done.provision.sandbox_id,
@@ -532,7 +538,7 @@ class EpisodeWorkflow:
             NodeActivities.provision,
             ProvisionInput(sandbox_id=self._s.sandbox_id, spec=spec, labels=self._labels()),
             timeout_s=300,
-            attempts=4,
+            attempts=PROVISION_ATTEMPTS,
         )
         self._s.sandbox_id, self._s.hibernated_ref = result.sandbox_id, ""
         self._set_state("running")
@@ -852,6 +858,8 @@ class EpisodeWorkflow:
             retry_policy=RetryPolicy(
                 maximum_attempts=attempts,
                 initial_interval=timedelta(milliseconds=200),
+                # Provisions ride out a containerd restart (about 30 s of retries).
+                maximum_interval=timedelta(seconds=8),
                 non_retryable_error_types=NON_RETRYABLE,
             ),
         )

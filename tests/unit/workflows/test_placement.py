@@ -1,0 +1,99 @@
+"""Placement over the node registry: preferences, budgets and spreading (pure logic)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import UTC, datetime
+
+from activities.models import (
+    NodeCapacity,
+    NodeHeartbeat,
+    NodeInfo,
+    NodeState,
+    NodeUsage,
+    PlaceInput,
+)
+from activities.placement import Reservations, choose_node, image_matches
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _node(
+    name: str,
+    *,
+    state: NodeState = "ready",
+    images: tuple[str, ...] = (),
+    warm: int = 0,
+    sandboxes: int = 0,
+    memory_mb: int = 0,
+    capacity: NodeCapacity | None = None,
+) -> NodeInfo:
+    beat = NodeHeartbeat(
+        name=name,
+        task_queue=f"corral-node-{name}",
+        version="test",
+        capacity=capacity or NodeCapacity(cores=2, memory_mb=8192, pids=10_000, max_sandboxes=100),
+        use=NodeUsage(sandboxes=sandboxes, memory_mb=memory_mb),
+        images=list(images),
+        warm={"corral.local/busybox:latest": warm} if warm else {},
+    )
+    return NodeInfo(heartbeat=beat, state=state, last_seen=NOW, joined=NOW)
+
+
+def _request(**kw: object) -> PlaceInput:
+    return PlaceInput.model_validate(
+        {"image": "busybox", "cpu_cores": 1, "memory_mb": 512, "pids": 256, **kw}
+    )
+
+
+def _place(nodes: list[NodeInfo], request: PlaceInput | None = None) -> str | None:
+    return choose_node(nodes, request or _request(), Reservations(), random.Random(7)).node
+
+
+def test_short_names_match_the_full_reference() -> None:
+    assert image_matches("busybox", "corral.local/busybox:latest")
+    assert not image_matches("busybox", "corral.local/debian:latest")
+    assert image_matches("localhost:5000/a/b:1", "localhost:5000/a/b:1")
+
+
+def test_a_warm_sandbox_wins_then_the_image_then_load() -> None:
+    warm = _node("warm", warm=1, sandboxes=50)
+    holder = _node("holder", images=("corral.local/busybox:latest",), sandboxes=40)
+    empty = _node("empty")
+    assert _place([empty, holder, warm]) == "warm"
+    assert _place([empty, holder]) == "holder"
+    assert _place([empty, _node("busy", sandboxes=90)]) == "empty"
+
+
+def test_lost_draining_and_excluded_nodes_are_never_chosen() -> None:
+    nodes = [_node("a", state="lost"), _node("b", state="draining"), _node("c")]
+    assert _place(nodes) == "c"
+    assert _place(nodes, _request(exclude=["c"])) is None
+
+
+def test_no_room_says_why_per_node() -> None:
+    small = NodeCapacity(cores=1, memory_mb=1024, pids=300, max_sandboxes=1)
+    full = _node("full", sandboxes=1, capacity=small)
+    tight = _node("tight", memory_mb=900, capacity=small.model_copy(update={"max_sandboxes": 9}))
+    placement = choose_node([full, tight], _request(), Reservations(), random.Random(1))
+    assert placement.node is None
+    assert placement.reason.startswith("no node with room: ")
+    assert "full at its 1 sandboxes" in placement.reason
+    assert "tight out of memory budget (1024 MiB)" in placement.reason
+
+
+def test_nominal_cpu_is_overcommitted_up_to_the_factor() -> None:
+    capacity = NodeCapacity(cores=1, memory_mb=10**6, pids=10**6, max_sandboxes=10**6, overcommit=3)
+    node = _node("n", capacity=capacity)
+    reservations, rng = Reservations(), random.Random(3)
+    placed = [choose_node([node], _request(memory_mb=16), reservations, rng).node for _ in range(4)]
+    assert placed == ["n", "n", "n", None]  # 3 cores nominal on 1 physical core
+
+
+def test_a_burst_spreads_over_equal_nodes() -> None:
+    nodes = [_node(f"n{i}") for i in range(3)]
+    reservations, rng = Reservations(), random.Random(11)
+    counts = Counter(choose_node(nodes, _request(), reservations, rng).node for _ in range(30))
+    assert set(counts) == {"n0", "n1", "n2"}
+    assert max(counts.values()) - min(counts.values()) <= 2

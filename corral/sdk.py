@@ -36,7 +36,7 @@ from temporalio.client import (
 from temporalio.client import (
     WorkflowExecutionStatus as Status,
 )
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import (
     ApplicationError,
     CancelledError,
@@ -86,7 +86,14 @@ from workflows.models import (
     StepResult,
     WriteFileRequest,
 )
-from workflows.search_attributes import PARENT_EPISODE
+from workflows.search_attributes import (
+    ANOMALY_RULE,
+    EPISODE_STATE,
+    PARENT_EPISODE,
+    SANDBOX_IMAGE,
+    SANDBOX_NODE,
+    TENANT,
+)
 
 _ERROR_TYPES: dict[str, type[EpisodeError]] = {
     "EpisodeKilled": EpisodeKilled,
@@ -97,9 +104,6 @@ _ERROR_TYPES: dict[str, type[EpisodeError]] = {
 _CLOSED_UNDER_UPDATE = frozenset({"AcceptedUpdateCompletedWorkflow"})
 # Update validators refuse with a plain ValueError ("episode is not interactive", ...).
 _REFUSALS = frozenset({"ValueError", "EpisodeRejected", "EpisodeFinishing", "InvalidRequest"})
-_STATE = SearchAttributeKey.for_keyword("EpisodeState")
-_TENANT = SearchAttributeKey.for_keyword("Tenant")
-_IMAGE = SearchAttributeKey.for_keyword("SandboxImage")
 
 
 def parse_spec(spec: EpisodeSpec | dict[str, Any]) -> EpisodeSpec:
@@ -402,9 +406,9 @@ class Corral:
             task_queue=self.config.workers.workflow_task_queue,
             search_attributes=TypedSearchAttributes(
                 [
-                    SearchAttributePair(_STATE, "provisioning"),
-                    SearchAttributePair(_TENANT, spec.tenant),
-                    SearchAttributePair(_IMAGE, spec.image),
+                    SearchAttributePair(EPISODE_STATE, "provisioning"),
+                    SearchAttributePair(TENANT, spec.tenant),
+                    SearchAttributePair(SANDBOX_IMAGE, spec.image),
                     *([SearchAttributePair(PARENT_EPISODE, lineage)] if lineage else []),
                 ]
             ),
@@ -498,11 +502,11 @@ def _summary(wf: WorkflowExecution) -> EpisodeSummary:
     return EpisodeSummary(
         episode_id=wf.id,
         status=wf.status.name if wf.status else "UNKNOWN",
-        state=attrs.get(_STATE) or "",
-        image=attrs.get(_IMAGE) or "",
-        tenant=attrs.get(_TENANT) or "",
-        node=attrs.get(SearchAttributeKey.for_keyword("SandboxNode")) or "",
-        anomaly_rules=list(attrs.get(SearchAttributeKey.for_keyword_list("AnomalyRule")) or []),
+        state=attrs.get(EPISODE_STATE) or "",
+        image=attrs.get(SANDBOX_IMAGE) or "",
+        tenant=attrs.get(TENANT) or "",
+        node=attrs.get(SANDBOX_NODE) or "",
+        anomaly_rules=list(attrs.get(ANOMALY_RULE) or []),
         start_time=wf.start_time,
         close_time=wf.close_time,
         parent_episode=attrs.get(PARENT_EPISODE) or "",

@@ -102,6 +102,12 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     help="Instead: create+start and density with user namespace/quota off vs on (--n, --idle).",
 )
 @click.option("--fork-mb", type=click.IntRange(1, 4096), default=100, show_default=True)
+@click.option(
+    "--sensor",
+    is_flag=True,
+    help="Instead: exec- and open-heavy steps with the sensor off and on (its CPU cost).",
+)
+@click.option("--sensor-n", type=click.IntRange(1, 100_000), default=1000, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
@@ -121,6 +127,8 @@ async def bench(
     fork_rounds: int,
     fork_mb: int,
     defense: bool,
+    sensor: bool,
+    sensor_n: int,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -155,6 +163,10 @@ async def bench(
         await _bench_defense(ctx, n, idle, as_json)
         return
 
+    if sensor:
+        await _bench_sensor(ctx, sensor_n, as_json)
+        return
+
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=2 * n + 3 * exec_n)
         result = await run_bench(
@@ -168,6 +180,22 @@ async def bench(
         emit_json(result)
         return
     for line in describe(result):
+        out.print(line, markup=False)
+
+
+async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:
+    from corral.bench_sensor import describe, run_sensor
+
+    rounds = 3
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench --sensor", total=4 * rounds)
+        report = await run_sensor(
+            ctx.config, n=n, rounds=rounds, tick=lambda: progress.advance(task)
+        )
+    if as_json:
+        emit_json(report)
+        return
+    for line in describe(report):
         out.print(line, markup=False)
 
 

@@ -41,6 +41,17 @@ from sandbox.errors import CorralError
 POLL_S = 0.005
 
 
+def exec_heavy_step(n: int) -> str:
+    """A shell step that forks and execs ``/bin/true`` n times."""
+    return f"i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done"
+
+
+def open_heavy_step(n: int) -> str:
+    """A shell step that opens a file to read and one to write n times (no exec)."""
+    return (f"i=0; while [ $i -lt {n} ]; do read x < /etc/hostname; : > /tmp/corral-open; "
+            f"i=$((i+1)); done")  # fmt: skip
+
+
 def percentile(data: Sequence[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100)."""
     xs = sorted(data)
@@ -197,7 +208,7 @@ async def sensor_overhead(
         [Path(p) for p in rule_paths], default_registry(), strict=True, rule_matching="first"
     )
     node = node or config.node_names()[0]
-    loop = f"i=0; while [ $i -lt {execs} ]; do /bin/true; i=$((i+1)); done"
+    loop = exec_heavy_step(execs)
     sandbox_id = new_sandbox_id()
     counter = _Counter(engine, sandbox_id)
     resolver = SandboxResolver()

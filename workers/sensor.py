@@ -433,6 +433,7 @@ def intake_ssl(config: StackConfig) -> ssl.SSLContext | None:
 async def run_node_sensor(
     config: StackConfig, node: str, *, stop: asyncio.Event | None = None
 ) -> None:
+    from policies.sensor.prefilter import Prefilter
     from policies.sensor.sensor import Sensor
     from workers.intake import load_token
 
@@ -449,10 +450,10 @@ async def run_node_sensor(
         str(config.containerd_socket(node)), config.nodes.containerd_namespace
     )
     poster = AlertPoster(intake_url(config), token, ssl_context=intake_ssl(config))
-    sensor = Sensor(types, resolver=containers)
+    sensor = Sensor(types, resolver=containers, prefilter=Prefilter(engine))
     pipeline = NodePipeline(
         engine, containers, poster,
-        hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.cgroups.forget,
+        hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.forget,
     )  # fmt: skip
     sensor.add_callback(pipeline.on_event)
     metrics = _served_metrics(config, node, sensor, pipeline, poster)

@@ -49,6 +49,9 @@ class ProcessTable:
         self.proc_root = proc_root
         self._passwd: dict[str, dict[int, tuple[str, str, str]]] = {}
         self._group: dict[str, dict[int, str]] = {}
+        # pids whose /proc details (vpid, caps, env...) were not read since their
+        # exec: read only once one of their events is worth evaluating.
+        self.stale: set[int] = set()
 
     # ------------------------------------------------------------ records
 
@@ -61,6 +64,7 @@ class ProcessTable:
         self._forks.pop(tid, None)
         if tid != pid:
             return None
+        self.stale.discard(pid)
         proc = self.procs.pop(pid, None)
         if proc is not None:
             proc.exited = True  # children keep their reference for the ancestry
@@ -79,6 +83,8 @@ class ProcessTable:
         fork = self._forks.pop(pid, None)
         parent = self.procs.get(fork[0]) if fork else None
         if parent is not None and fork is not None:
+            if parent.pid in self.stale:
+                self.stale.add(pid)
             return self._clone(parent, pid, comm, fork[1])
         return self.from_proc(pid, comm, ts)
 
@@ -166,14 +172,22 @@ class ProcessTable:
             proc.pgid, proc.sid, proc.tty = int(rest[2]), int(rest[3]), int(rest[4])
 
     def on_exec(self, proc: Process, filename: str, argv: list[str] | None) -> None:
-        """A successful execve: new image, same pid."""
+        """A successful execve: new image, same pid; /proc is read by ``complete``."""
         if argv:
             proc.exe, proc.args = argv[0], argv[1:]
         else:
             proc.exe, proc.args = filename, []
         proc.exepath = _resolve(filename, proc.cwd)
         proc.env = None
+        self.stale.add(proc.pid)
+
+    def complete(self, proc: Process) -> bool:
+        """Read what /proc adds after an exec, once; False if it was not stale."""
+        if proc.pid not in self.stale:
+            return False
+        self.stale.discard(proc.pid)
         self.refresh_after_exec(proc)
+        return True
 
     def refresh_after_exec(self, proc: Process) -> None:
         base = f"{self.proc_root}/{proc.pid}"

@@ -33,7 +33,9 @@ maps and printed at exit with the return value, so one syscall is one record
 (strings are read at exit: the caller's buffers are still there). execve is
 the exception: the old image is gone at exit, so its filename and argv are
 printed at enter. Strings travel in their own ``REC_STR`` records, just
-before the syscall's record (same CPU, same program run: order is kept).
+before the syscall's record (same CPU, same program run: order is kept):
+a 200-byte string in a wide tuple overflows the 512-byte BPF stack (tried
+for the syscall, exec-enter and exe records: bpftrace 0.17 refuses each).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from pathlib import Path
 
 # Record codes (first tuple element).
 REC_SYSCALL = 1  # (hdr..., syscall_code, res, a0, a1, ...)
-REC_EXEC_ENTER = 2  # (hdr..., syscall_code, filename)
+REC_EXEC_ENTER = 2  # (hdr..., syscall_code, 0): its REC_STR (filename) precedes it
 REC_ARGV = 3  # (3, tid, index, string)
 REC_EXEC_EXIT = 4  # (hdr..., syscall_code, res, exec details...)
 REC_FORK = 5  # (hdr..., child_tid)

@@ -36,6 +36,7 @@ log = logging.getLogger("corral.sensor")
 TRACEFS = Path("/sys/kernel/tracing")
 MEMLOCK = 8 << 20  # the machine's hard cap; bpftrace wants it raised explicitly
 STREAM_LIMIT = 1 << 20
+READ_CHUNK = 1 << 16
 
 
 @dataclass(slots=True)
@@ -91,13 +92,14 @@ class Sensor:
         backoff: tuple[float, float] = (0.5, 30.0),
         map_keys: int = 16384,
         perf_pages: int = 256,
+        prefilter: Callable[[Event], bool] | None = None,
     ) -> None:
         self.event_types = frozenset(event_types)
         self.controller = controller
         self.bpftrace = shutil.which(bpftrace) or bpftrace
         self.cgroups = cg.CgroupMap(resolver, controller)
         self.table = ProcessTable()
-        self.parser = Parser(self.cgroups, self.table, self.event_types)
+        self.parser = Parser(self.cgroups, self.table, self.event_types, prefilter)
         self.stats = SensorStats()
         self.program: pg.Program | None = None
         self._callbacks: list[Callable[[Event], None]] = []
@@ -111,6 +113,7 @@ class Sensor:
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._canary_cgid: int | None = None
+        self._canary: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._stopping = False
         self._parent_id = 0
@@ -145,6 +148,11 @@ class Sensor:
                 await self._task
             self._task = None
         self._ready.clear()
+
+    def forget(self, full_id: str) -> None:
+        """A sandbox went away: drop what was cached for it (its cgroup id may be reused)."""
+        self.cgroups.forget(full_id)
+        self.parser.forget_container(full_id)
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
@@ -206,24 +214,32 @@ class Sensor:
             await errs
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+        # Whole chunks, split here: a readline per record cost more than the parse.
         assert proc.stdout is not None
-        canary: asyncio.Task[None] | None = None
+        rest = b""
         try:
-            while line := await proc.stdout.readline():
-                if not self._ready.is_set():
-                    if canary is None and b'"attached_probes"' in line:
-                        canary = asyncio.create_task(self._prove_live())
-                        continue
-                    if self._is_canary_syscall(line):
-                        self._ready.set()
-                        continue
-                evt = self.parser.feed(line)
+            while chunk := await proc.stdout.read(READ_CHUNK):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    self._on_line(line)
                 self._sync_stats()
-                if evt is not None and not _from_canary(evt):
-                    self._deliver(evt)
         finally:
-            if canary is not None:
-                canary.cancel()
+            if self._canary is not None:
+                self._canary.cancel()
+                self._canary = None
+
+    def _on_line(self, line: bytes) -> None:
+        if not self._ready.is_set():
+            if self._canary is None and b'"attached_probes"' in line:
+                self._canary = asyncio.create_task(self._prove_live())
+                return
+            if self._is_canary_syscall(line):
+                self._ready.set()
+                return
+        evt = self.parser.feed(line)
+        if evt is not None and not _from_canary(evt):
+            self._deliver(evt)
 
     async def _prove_live(self) -> None:
         """Run a canary in its own cgroup until its exec comes through."""

@@ -57,7 +57,8 @@ def test_exec_then_open() -> None:
     p = parser()
     p.table.procs[400] = p.table.from_proc(400, "sh")
     p.table.procs[400].cwd = "/root"
-    assert p.feed(line(*hdr(pg.REC_FORK, 400, "sh"), 500)) is None or True
+    fork = p.feed(line(*hdr(pg.REC_FORK, 400, "sh"), 500))
+    assert fork is not None and fork.type == "clone" and fork.res == 500
     p.feed(line(pg.REC_STR, 500, 0, "/bin/cat"))
     p.feed(line(*hdr(pg.REC_EXEC_ENTER, comm="sh"), pg.CODES["execve"], 0))
     p.feed(line(pg.REC_ARGV, 500, 0, "cat"))
@@ -77,6 +78,34 @@ def test_exec_then_open() -> None:
     assert o.fd is not None and o.fd.name == "/root/shadow" and o.fd.num == 3
     assert o.container is not None and o.container.id == CID[:12]
     assert REG.get("proc.pname").extractor(o, None) == "sh"  # type: ignore[union-attr]
+
+
+def test_prefiltered_exec_defers_proc_reads() -> None:
+    p = Parser(FakeCgroups(), ProcessTable(proc_root="/nonexistent"),
+               prefilter=lambda evt: evt.type != "execve")  # fmt: skip
+    p.feed(line(pg.REC_STR, 500, 0, "/bin/true"))
+    p.feed(line(*hdr(pg.REC_EXEC_ENTER, comm="sh"), pg.CODES["execve"], 0))
+    p.feed(line(pg.REC_ARGV, 500, 0, "true"))
+    exe = line(*hdr(pg.REC_EXEC_EXIT, comm="true"), pg.CODES["execve"], 0, 400, 0, 0, 0, 0, 0, 0)
+    assert p.feed(exe) is None
+    assert p.stats.prefiltered == 1 and p.stats.events == 0
+    assert 500 in p.table.stale  # /proc not read for an event nobody evaluates
+    assert p.table.procs[500].exe == "true"  # but the table knows the new image
+    p.feed(line(pg.REC_STR, 500, 1, "/etc/passwd"))
+    o = p.feed(line(*hdr(pg.REC_SYSCALL, comm="true"), pg.CODES["openat"], 3, 4294967196, 0, 0, 0))
+    assert o is not None and o.proc.exe == "true"
+    assert 500 not in p.table.stale and p.stats.events == 1
+
+
+def test_forget_container_drops_its_caches() -> None:
+    p = parser()
+    p.table._passwd[CID] = {0: ("root", "/root", "/bin/sh")}
+    p.feed(line(pg.REC_STR, 500, 1, "/etc/passwd"))
+    assert p.feed(line(*hdr(pg.REC_SYSCALL), pg.CODES["openat"], 3, 4294967196, 0, 0, 0))
+    assert any(key[0] == CID for key in p._users)
+    p.forget_container(CID)
+    assert CID not in p.table._passwd
+    assert not any(key[0] == CID for key in p._users)
 
 
 def test_connect_and_dup2() -> None:

@@ -46,21 +46,19 @@ def engine() -> RuleEngine:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[FakeSandbox]:
-    sb = FakeSandbox()
-    yield sb
-    sb.remove()
-
-
-@pytest.fixture
-async def sensor(engine: RuleEngine, sandbox: FakeSandbox) -> AsyncIterator[Sensor]:
-    info = ContainerInfo(full_id=sandbox.full_id, name="sb", image="busybox:1",
+async def watched(engine: RuleEngine) -> AsyncIterator[tuple[FakeSandbox, Sensor]]:
+    """A fake sandbox and a started sensor tracing what the upstream rules need."""
+    box = FakeSandbox()
+    info = ContainerInfo(full_id=box.full_id, name="sb", image="busybox:1",
                          mounts=mounts_from_spec(SPEC_MOUNTS))  # fmt: skip
-    s = Sensor(engine.event_types(), resolver=DictResolver({sandbox.full_id: info}))
-    await s.start()
-    await s.wait_ready(timeout=120)
-    yield s
-    await s.stop()
+    sensor = Sensor(engine.event_types(), resolver=DictResolver({box.full_id: info}))
+    try:
+        await sensor.start()
+        await sensor.wait_ready(timeout=120)
+        yield box, sensor
+    finally:
+        await sensor.stop()
+        box.remove()
 
 
 def test_all_three_files_compile_with_every_rule_evaluable(engine: RuleEngine) -> None:
@@ -71,15 +69,16 @@ def test_all_three_files_compile_with_every_rule_evaluable(engine: RuleEngine) -
 
 
 async def test_sensor_starts_and_upstream_rule_fires(
-    engine: RuleEngine, sensor: Sensor, sandbox: FakeSandbox
+    engine: RuleEngine, watched: tuple[FakeSandbox, Sensor]
 ) -> None:
-    await asyncio.to_thread(sandbox.run, "cat /etc/shadow > /dev/null")
+    box, sensor = watched
+    await asyncio.to_thread(box.run, "cat /etc/shadow > /dev/null")
 
     def shadow_read(events: list[Event]) -> bool:
         return any(e.type in ("open", "openat") and e.args.get("name") == "/etc/shadow"
                    for e in events)  # fmt: skip
 
     events = await collect(sensor, shadow_read)
-    ours = [e for e in events if e.container and e.container.full_id == sandbox.full_id]
+    ours = [e for e in events if e.container and e.container.full_id == box.full_id]
     rules = {m.rule for e in ours for m in engine.evaluate(e)}
     assert "Read sensitive file untrusted" in rules

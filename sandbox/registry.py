@@ -225,10 +225,17 @@ class RegistrySession:
 
     # -- auth ------------------------------------------------------------------------
     async def _authenticate(self) -> None:
-        async with await self._request("GET", self._root) as resp:
+        async with await self._request("GET", self._root, reauth=False) as resp:
             if resp.status != 401:
                 return
             challenge = resp.headers.get("WWW-Authenticate", "")
+        await self._authorize(challenge)
+        async with await self._request("GET", self._root, reauth=False) as resp:
+            if resp.status == 401:
+                raise self.fail("unauthorized: wrong username or password")
+
+    async def _authorize(self, challenge: str) -> None:
+        """Answer a ``WWW-Authenticate`` challenge: basic credentials or a fresh token."""
         scheme, params = parse_challenge(challenge)
         if scheme == "basic":
             if self._credentials is None:
@@ -238,9 +245,6 @@ class RegistrySession:
             self._auth = {"Authorization": f"Bearer {await self._fetch_token(params)}"}
         else:
             raise self.fail(f"unsupported authentication challenge {challenge!r}")
-        async with await self._request("GET", self._root) as resp:
-            if resp.status == 401:
-                raise self.fail("unauthorized: wrong username or password")
 
     async def _fetch_token(self, params: dict[str, str]) -> str:
         actions = "pull,push" if self._push else "pull"
@@ -271,8 +275,27 @@ class RegistrySession:
         headers: Mapping[str, str] | None = None,
         data: Any = None,
         authorized: bool = True,
+        reauth: bool = True,
     ) -> aiohttp.ClientResponse:
-        """One request; connection failures are retried a few times, then reported."""
+        """One request. A 401 on a request without a body (an expired token, a
+        repository that wants more than the registry's root did) is answered once."""
+        resp = await self._send(method, url, headers, data, authorized)
+        if resp.status != 401 or data is not None or not (authorized and reauth):
+            return resp
+        challenge = resp.headers.get("WWW-Authenticate", "")
+        resp.release()
+        await self._authorize(challenge)
+        return await self._send(method, url, headers, data, authorized)
+
+    async def _send(
+        self,
+        method: str,
+        url: URL,
+        headers: Mapping[str, str] | None,
+        data: Any,
+        authorized: bool,
+    ) -> aiohttp.ClientResponse:
+        """Connection failures are retried a few times, then reported."""
         assert self._http is not None
         all_headers = {**(self._auth if authorized else {}), **(headers or {})}
         for attempt in range(1, CONNECT_ATTEMPTS + 1):

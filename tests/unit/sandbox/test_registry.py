@@ -148,6 +148,7 @@ class TokenRegistry:
 
     def __init__(self) -> None:
         self.scopes: list[str] = []
+        self.valid: set[str] = set()  # tokens issued and not yet expired
         self.port = 0
 
     def app(self) -> web.Application:
@@ -163,7 +164,7 @@ class TokenRegistry:
         return web.Response(status=401, headers={"WWW-Authenticate": header})
 
     def _authorized(self, request: web.Request) -> bool:
-        return request.headers.get("Authorization", "").startswith("Bearer t-")
+        return request.headers.get("Authorization", "") in self.valid
 
     async def ping(self, request: web.Request) -> web.Response:
         return web.Response(text="{}") if self._authorized(request) else self._challenge()
@@ -174,7 +175,9 @@ class TokenRegistry:
             return web.Response(status=401)
         assert request.query["service"] == "corral-test"
         self.scopes.append(request.query["scope"])
-        return web.json_response({"token": f"t-{len(self.scopes)}"})
+        token = f"t-{len(self.scopes)}"
+        self.valid.add(f"Bearer {token}")
+        return web.json_response({"token": token})
 
     async def manifest(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -227,3 +230,12 @@ async def test_manifest_by_digest_is_verified(token_registry: TokenRegistry) -> 
         assert body == MANIFEST
         with pytest.raises(ImagePullFailed, match="digest mismatch"):
             await reg.get_manifest("sha256:" + "0" * 64)
+
+
+async def test_expired_token_is_renewed_once(token_registry: TokenRegistry) -> None:
+    ref = Reference.parse(f"127.0.0.1:{token_registry.port}/team/img:v1")
+    async with RegistrySession(ref, RegistryOptions(), Credentials("trainer", "secret")) as reg:
+        token_registry.valid.clear()  # the token server's tokens expire
+        body, _ = await reg.get_manifest("v1")
+    assert body == MANIFEST
+    assert len(token_registry.scopes) == 2

@@ -100,12 +100,17 @@ async def pull_image(
     credentials: Credentials | None = None,
     progress: Progress | None = None,
 ) -> ImageInfo:
-    """Pull ``name`` (``host/repo:tag``) and unpack it; on failure nothing is left behind."""
-    ref = Reference.parse(name)
+    """Pull ``name`` (``host/repo:tag``) and unpack it; on failure nothing is left behind.
+
+    The image is stored under ``name`` as given (``docker.io/busybox:latest``, not
+    the API's ``library/busybox``), the name sandboxes will ask for.
+    """
+    full = resolve_image_name(name)
+    ref = Reference.parse(full)
     lease = await conn.create_lease("pull")
     try:
         async with RegistrySession(ref, options, credentials) as registry:
-            info = await _pull(store, registry, lease, progress)
+            info = await _pull(store, registry, full, lease, progress)
     except BaseException:
         await _delete_lease_and_collect(conn, lease)
         raise
@@ -114,7 +119,11 @@ async def pull_image(
 
 
 async def _pull(
-    store: ImageStore, registry: RegistrySession, lease: str, progress: Progress | None
+    store: ImageStore,
+    registry: RegistrySession,
+    name: str,
+    lease: str,
+    progress: Progress | None,
 ) -> ImageInfo:
     ref = registry.ref
     try:
@@ -140,7 +149,7 @@ async def _pull(
         await _write_json_blob(store, registry, manifest_desc, manifest_body, lease)
         chains = chain_ids(json.loads(config_body)["rootfs"]["diff_ids"])
         await store.unpack(manifest, chains, lease)
-        return await store._put_image(ref.name, target, chains[-1])
+        return await store._put_image(name, target, chains[-1])
     except (ImageImportFailed, ValueError, KeyError, TypeError) as err:
         raise registry.fail(f"not a usable image ({err})") from err
     except grpc.aio.AioRpcError as err:

@@ -3,7 +3,9 @@
 The engine is built the way the node sensor builds it (strict, first match),
 bpftrace is started for every event type those rules need, and a read of
 /etc/shadow in a fake sandbox cgroup raises the upstream rule for it. The
-upstream files are read in place (never copied into the project).
+upstream files are read in place (never copied into the project). The
+container plugin's mount fields the sandbox rules use come from a real
+sandbox's OCI spec, read from a private containerd the way the node sensor does.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from test_sensor_live import FakeSandbox, collect
 
 from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event, mounts_from_spec
+from policies.falco.event import Event as FalcoEvent
 from policies.falco.fields import default_registry
 from policies.sensor.cgroups import DictResolver
 from policies.sensor.sensor import Sensor
+from sandbox.client import Containerd
+from sandbox.daemon import ContainerdDaemon
+from sandbox.models import SandboxSpec
+from sandbox.oci_archive import build_busybox_image
+from workers.sensor import NodeContainers
 
 pytestmark = [
     pytest.mark.integration,
@@ -82,3 +90,31 @@ async def test_sensor_starts_and_upstream_rule_fires(
     ours = [e for e in events if e.container and e.container.full_id == box.full_id]
     rules = {m.rule for e in ours for m in engine.evaluate(e)}
     assert "Read sensitive file untrusted" in rules
+
+
+@pytest.mark.skipif(shutil.which("containerd") is None, reason="needs containerd")
+async def test_node_sensor_serves_mount_fields_from_the_spec(tmp_path: Path) -> None:
+    daemon = ContainerdDaemon(tmp_path / "ctd")
+    await daemon.start()
+    client = await Containerd.connect(daemon.socket, namespace="corral-falco-fidelity")
+    containers = NodeContainers(daemon.socket, "corral-falco-fidelity")
+    sandbox_id = "f" * 64
+    try:
+        image = await build_busybox_image(client)
+        await client.create_sandbox(sandbox_id, SandboxSpec(image=image.name))
+        await containers.refresh()
+        info = containers(sandbox_id)
+        assert info is not None
+        assert [m.dest for m in info.mounts][:2] == ["/proc", "/dev"]
+        # The upstream sandbox rule's macro reads a mount by source glob; none
+        # of a sandbox's mounts comes from the host's /proc, so no value.
+        proc = FalcoEvent(type="execve", container=info)
+        mount_dest = default_registry().get("container.mount.dest")
+        assert mount_dest is not None
+        assert mount_dest.extractor(proc, "/proc*") is None
+        assert mount_dest.extractor(proc, 0) == "/proc"
+    finally:
+        await client.destroy_sandbox(sandbox_id)
+        await containers.close()
+        await client.close()
+        await daemon.stop(kill_shims=True)

@@ -11,12 +11,14 @@ not open their containerd sockets. Two sources, in order:
    episode sets: Falco's `container.id` is the first 12 hex digits, so a
    prefix match (``STARTS_WITH``) finds the episode; running ones first.
 
-Answers are cached; a miss is asked again each time (an episode may be
-seconds old and visibility lags).
+Answers are cached. Visibility is eventually consistent (an episode's
+`SandboxId` shows a moment after its sandbox runs), so a miss is searched
+again a few times within a second or two before the intake answers 404.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from temporalio.client import Client
@@ -25,6 +27,8 @@ WORKFLOW_ID_FIELD = "container.label[corral.workflow_id]"
 SANDBOX_ID_ATTRIBUTE = "SandboxId"
 _HEX = re.compile(r"^[0-9a-f]{12,64}$")
 _CACHE_MAX = 50_000
+MISS_RETRIES = 3
+MISS_RETRY_DELAY_S = 0.5
 
 
 class EpisodeDirectory:
@@ -41,6 +45,11 @@ class EpisodeDirectory:
         if not _HEX.match(container_id):
             return None  # never put untrusted text into a visibility query
         owner = await self._search(container_id)
+        for _ in range(MISS_RETRIES):
+            if owner is not None:
+                break
+            await asyncio.sleep(MISS_RETRY_DELAY_S)
+            owner = await self._search(container_id)
         if owner is not None:
             if len(self._owners) >= _CACHE_MAX:
                 self._owners.clear()

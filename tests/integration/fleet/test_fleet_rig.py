@@ -69,6 +69,13 @@ async def _sandbox_ids(fleet: Stack, node: str) -> list[str]:
         return [info.id for info in await client.list_sandboxes()]
 
 
+def _visible(corral: Corral, query: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return [wf.id async for wf in corral.client.list_workflows(query, limit=1)] != []
+
+    return check
+
+
 async def test_each_node_has_its_own_network_namespace(fleet: Stack, fleet_corral: Corral) -> None:
     host_ns = _netns_inode(os.getpid())
     seen = set()
@@ -128,6 +135,8 @@ async def test_falco_alert_resolved_through_sandbox_id(fleet: Stack, fleet_corra
     try:
         await wait_for(_has_sandbox(episode), timeout_s=60)
         status = await episode.status()
+        # Visibility is eventually consistent: wait until the search sees the episode.
+        await wait_for(_visible(fleet_corral, f"SandboxId = '{status.sandbox_id}'"))
         alert = make_alert(
             rule=SENSITIVE_READ,
             priority="Warning",

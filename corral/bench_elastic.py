@@ -92,7 +92,11 @@ async def create_idle(
             tick()
 
     started = time.perf_counter()
-    await asyncio.gather(*(make(i) for i in range(n)))
+    try:
+        await asyncio.gather(*(make(i) for i in range(n)))
+    except BaseException:  # interrupted: leave nothing behind
+        await asyncio.shield(destroy_all(raw, held.ids))
+        raise
     held.wall_s = round(time.perf_counter() - started, 2)
     held.rate = rate_over_time(started, done_at)
     return held

@@ -17,6 +17,7 @@ Pipeline for one rule, as Falco does it (one module per step):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from policies.falco.evttypes import EventTypes, check_event_type_values, event_types
@@ -33,6 +34,7 @@ from policies.falco.fieldapi import FieldRegistry
 from policies.falco.grammar import (
     And,
     BinaryCheck,
+    FieldRef,
     FieldValue,
     ListValue,
     Node,
@@ -63,6 +65,7 @@ __all__ = [
     "missing_fields",
     "resolve_field",
     "to_text",
+    "unresolved_fields",
 ]
 
 
@@ -130,8 +133,13 @@ def compile_predicate(node: Node, registry: FieldRegistry, ctx: ItemContext | No
 
 def missing_fields(node: Node, registry: FieldRegistry) -> list[str]:
     """Fields of the condition the registry cannot resolve (all of them, not just the first)."""
+    return unresolved_fields(field_refs(node), registry)
+
+
+def unresolved_fields(refs: Iterable[FieldRef], registry: FieldRegistry) -> list[str]:
+    """The names among ``refs`` the registry does not know."""
     missing: set[str] = set()
-    for ref in field_refs(node):
+    for ref in refs:
         try:
             resolve_field(registry, ref, None)
         except UnknownFieldError:

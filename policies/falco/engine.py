@@ -33,9 +33,18 @@ from policies.falco.compiler import (
     make_getter,
     missing_fields,
     resolve_field,
+    unresolved_fields,
 )
 from policies.falco.fieldapi import FieldRegistry
-from policies.falco.grammar import And, BinaryCheck, FieldRef, ListValue, Node, UnaryCheck, Value
+from policies.falco.grammar import (
+    BinaryCheck,
+    ConditionParseError,
+    FieldRef,
+    ListValue,
+    Node,
+    Value,
+    field_ref,
+)
 from policies.falco.loader import (
     COMPILE_CONDITION,
     COMPILE_OUTPUT,
@@ -303,9 +312,14 @@ class _Builder:
 
     def _unknown_exception_fields(self, rule: RuleInfo) -> list[str]:
         # Checked even when an exception has no values (and so adds no condition).
-        names = [f for ex in rule.exceptions for f in _exception_fields(ex)]
-        return missing_fields(And(tuple(UnaryCheck(FieldRef(n), "exists") for n in names)),
-                              self.registry) if names else []  # fmt: skip
+        texts = [f for ex in rule.exceptions for f in _exception_fields(ex)]
+        refs, unparsable = [], []
+        for text in texts:
+            try:
+                refs.append(field_ref(text))
+            except ConditionParseError:
+                unparsable.append(text)
+        return sorted(set(unparsable) | set(unresolved_fields(refs, self.registry)))
 
     def _warn_compiled(self, entry: RuleEntry) -> None:
         rule = entry.info

@@ -388,6 +388,14 @@ def parse_condition(text: str) -> Node:
     return node
 
 
+def field_ref(text: str) -> FieldRef:
+    """A field as written on its own (an exception's ``fields`` entry, say)."""
+    node = parse_condition(f"{text} exists")
+    if not isinstance(node, UnaryCheck):
+        raise ConditionParseError(f"'{text}' is not a field")
+    return node.field
+
+
 # --- AST -> text ------------------------------------------------------------
 
 

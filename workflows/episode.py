@@ -75,7 +75,14 @@ with workflow.unsafe.imports_passed_through():
     )
 
 # Errors that no retry can fix: fail the provision at once.
-NON_RETRYABLE = ["InvalidSpec", "ImageNotFound", "SandboxPaused", "SandboxNotFound"]
+NON_RETRYABLE = [
+    "InvalidSpec",
+    "ImageNotFound",
+    "ImagePullFailed",
+    "InvalidReference",
+    "SandboxPaused",
+    "SandboxNotFound",
+]
 # States written to the EpisodeState search attribute (the SDK starts episodes
 # as "provisioning"); passing states like "placing" only show in the details.
 VISIBLE_STATES = frozenset(

@@ -297,7 +297,11 @@ def parse_engine_version(text: str, ctx: ItemContext) -> tuple[int, int, int]:
 # --- YAML -------------------------------------------------------------------
 
 
-class _StringLoader(yaml.SafeLoader):
+# libyaml's parser when PyYAML has it (several times faster on the upstream files).
+_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StringLoader(_BaseLoader):  # type: ignore[valid-type,misc]
     """SafeLoader that only resolves null implicitly: every other plain scalar is a string."""
 
 

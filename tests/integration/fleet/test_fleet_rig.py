@@ -190,15 +190,20 @@ async def test_killed_node_is_lost_then_rejoins_and_reaps(
     episode = await fleet_corral.start_episode(
         {"image": "busybox", "steps": ["sleep 600"]}, node="node-2"
     )
-    await wait_for(_has_sandbox(episode), timeout_s=60)
-    sandbox_id = (await episode.status()).sandbox_id
-    assert sandbox_id in await _sandbox_ids(fleet, "node-2")
+    try:
+        await wait_for(_has_sandbox(episode), timeout_s=60)
+        sandbox_id = (await episode.status()).sandbox_id
+        await wait_for(_holds(fleet, "node-2", sandbox_id), timeout_s=60)
 
-    killed = await fleet.node_kill("node-2")
-    assert killed and not fleet.daemon("node-2").is_running()
-    with pytest.raises(EpisodeError, match="node lost: node-2"):
-        await episode.result(timeout_s=120)
-    assert await _node_state(fleet_corral, "node-2") == "lost"
+        killed = await fleet.node_kill("node-2")
+        assert killed and not fleet.daemon("node-2").is_running()
+        with pytest.raises(EpisodeError, match="node lost: node-2"):
+            await episode.result(timeout_s=120)
+        assert await _node_state(fleet_corral, "node-2") == "lost"
+    finally:
+        if await fleet_corral.is_running(episode.id):
+            await episode.cancel()
+            await fleet.node_up("node-2")  # the sandbox must not outlive the test
 
     await fleet.node_up("node-2")
     assert sandbox_id not in await _sandbox_ids(fleet, "node-2")
@@ -206,3 +211,10 @@ async def test_killed_node_is_lost_then_rejoins_and_reaps(
         fleet.process("node-worker-node-2").log_tail(200)
     )
     await wait_for(_state_is(fleet_corral, "node-2", "ready"))
+
+
+def _holds(fleet: Stack, node: str, sandbox_id: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return sandbox_id in await _sandbox_ids(fleet, node)
+
+    return check

@@ -408,6 +408,8 @@ class Stack:
         if self.process("temporal").stop(grace_s=15):
             stopped.append("temporal")
         unmount_under(self.config.state)
+        # What `up` recorded (role, rig, joined nodes) ends with the stack.
+        (self.config.state / STACK_FILE).unlink(missing_ok=True)
         return stopped
 
     async def _stop_node(self, node: str) -> list[str]:

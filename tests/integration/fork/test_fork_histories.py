@@ -34,17 +34,17 @@ async def test_hibernate_history(corral: Corral) -> None:
     spec = {
         "image": "busybox",
         "interactive": True,
-        "reward": "cat /tmp/r",
+        "reward": "cat /data/r",
         "timeouts": {"hibernate_after_s": 1},
     }
     episode = await corral.start_episode(spec, episode_id=f"hist-hibernate-{os.getpid()}")
-    await episode.write_file("/tmp/r", "2\n")
+    await episode.write_file("/data/r", "2\n")  # not /tmp: a tmpfs is not snapshotted
 
     async def hibernated() -> bool:
         return (await episode.status()).state == "hibernated"
 
     await eventually(hibernated, what="the idle episode hibernated")
-    assert await episode.read_file("/tmp/r") == b"2\n"  # restored first
+    assert await episode.read_file("/data/r") == b"2\n"  # restored first
     final = await episode.finish()
     assert final.reward is not None and final.reward.stdout == "2\n"
     await _record(corral, episode, "hibernate")

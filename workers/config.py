@@ -60,6 +60,14 @@ class TemporalConfig(_Strict):
     dev_server: DevServerConfig = Field(default_factory=DevServerConfig)
 
 
+class UidPoolConfig(_Strict):
+    """Host ids for sandboxes' user namespaces (sandbox/userns.py): 1,024 ranges of `size`
+    ids from `start`; keep them clear of host users and /etc/subuid allocations."""
+
+    start: int = Field(default=1_000_000_000, ge=65536)
+    size: int = Field(default=65536, ge=65536)
+
+
 class NodesConfig(_Strict):
     count: int = Field(default=1, ge=1, le=16)
     containerd_namespace: str = "corral"
@@ -71,6 +79,7 @@ class NodesConfig(_Strict):
     isolated: bool = False
     # What each node may hold (activities/capacity.py); unset values come from the machine.
     budget: NodeBudgetConfig = Field(default_factory=NodeBudgetConfig)
+    userns: UidPoolConfig = Field(default_factory=UidPoolConfig)
 
 
 class WorkersConfig(_Strict):

@@ -30,6 +30,7 @@ from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from sandbox import Containerd
+from sandbox.userns import UidPool
 from workers.config import StackConfig, load_config
 from workers.heartbeat import heartbeat_forever
 from workers.temporal import connect
@@ -54,7 +55,9 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
     metrics = setup_metrics(f"corral-node-{node}", prometheus_port=otel_port)
     client = await connect(config, runtime=temporal_runtime_with_prometheus(sdk_port))
     containerd = await Containerd.connect(
-        str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+        str(config.containerd_socket(node)),
+        namespace=config.nodes.containerd_namespace,
+        uid_pool=UidPool(start=config.nodes.userns.start, size=config.nodes.userns.size),
     )
     records = RecordWriter(config.records_dir)
     pool = WarmPool(containerd, node, config.workers.warm_pool)

@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_helpers import corral, processes_of
@@ -57,7 +58,7 @@ def test_up_status_demo_report_down(cli_env: dict[str, str]) -> None:
     # The report reads the records the episodes wrote (flushed within seconds).
     report = _report_when(cli_env, episodes=5)
     assert report["episodes_by_outcome"] == {"completed": 4, "failed": 1}
-    assert Path(report["html"]).exists() and report["plots"]
+    assert Path(str(report["html"])).exists() and report["plots"]
 
     corral("down", env=cli_env)
     assert processes_of(state) == []
@@ -108,6 +109,6 @@ def test_control_role_and_a_node_joined_by_name(cli_env: dict[str, str]) -> None
     assert processes_of(state) == []
 
 
-def _node_list(env: dict[str, str]) -> list[dict[str, object]]:
-    nodes: list[dict[str, object]] = json.loads(corral("node", "list", "--json", env=env).stdout)
+def _node_list(env: dict[str, str]) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = json.loads(corral("node", "list", "--json", env=env).stdout)
     return nodes

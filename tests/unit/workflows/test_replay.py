@@ -24,7 +24,7 @@ from workflows.episode import EpisodeWorkflow
 from workflows.models import EpisodeInput, EpisodeResult
 
 HISTORIES = Path(__file__).resolve().parents[2] / "data" / "histories"
-EXPECTED = {"scripted", "interactive", "quarantine_release", "kill"}
+EXPECTED = {"scripted", "interactive", "quarantine_release", "kill", "snapshot", "hibernate"}
 
 
 def _history(path: Path) -> WorkflowHistory:

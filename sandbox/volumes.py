@@ -47,8 +47,11 @@ def is_mounted(path: Path) -> bool:
 async def _run(sandbox_id: str, what: str, *argv: str) -> None:
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE)
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
     except OSError as exc:
         raise VolumeError(f"sandbox {sandbox_id}: {what}: cannot run {argv[0]}: {exc}") from exc
     try:
@@ -76,11 +79,31 @@ async def create_workspace(root: Path, sandbox_id: str, size_mb: int, uid: int, 
             handle.truncate(size_mb * 1024 * 1024)
         # No journal (the volume dies with the sandbox), no reserved blocks, owned by the
         # sandbox's user so a non-root agent can write its workspace.
-        await _run(sandbox_id, "mkfs workspace", "mkfs.ext4", "-q", "-F", "-m", "0",
-                   "-O", "^has_journal", "-E", f"root_owner={uid}:{gid},nodiscard",
-                   str(image))
-        await _run(sandbox_id, "mount workspace", "mount", "-t", "ext4",
-                   "-o", "loop,nosuid,nodev", str(image), str(target))
+        await _run(
+            sandbox_id,
+            "mkfs workspace",
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-O",
+            "^has_journal",
+            "-E",
+            f"root_owner={uid}:{gid},nodiscard",
+            str(image),
+        )
+        await _run(
+            sandbox_id,
+            "mount workspace",
+            "mount",
+            "-t",
+            "ext4",
+            "-o",
+            "loop,nosuid,nodev",
+            str(image),
+            str(target),
+        )
         with contextlib.suppress(OSError):
             (target / "lost+found").rmdir()
     except BaseException:

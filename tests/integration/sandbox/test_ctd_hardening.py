@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 MakeSandbox = Callable[..., Awaitable[Sandbox]]
 CGROUP = Path("/sys/fs/cgroup")
 
-ORPHANS = 'i=0; while [ $i -lt 40 ]; do (sleep 0 &); i=$((i+1)); done; echo forked $i'
+ORPHANS = "i=0; while [ $i -lt 40 ]; do (sleep 0 &); i=$((i+1)); done; echo forked $i"
 COUNT_ZOMBIES = "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l"
 
 # One syscall per argument; prints its errno (0 = allowed).
@@ -64,9 +64,21 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-DENIED_BY_SECCOMP = ("ptrace", "perf_event_open", "setns", "userfaultfd", "io_uring_setup",
-                     "open_by_handle_at", "keyctl", "bpf", "unshare_net", "unshare_user",
-                     "clone_newuser", "mount", "kexec_load")
+DENIED_BY_SECCOMP = (
+    "ptrace",
+    "perf_event_open",
+    "setns",
+    "userfaultfd",
+    "io_uring_setup",
+    "open_by_handle_at",
+    "keyctl",
+    "bpf",
+    "unshare_net",
+    "unshare_user",
+    "clone_newuser",
+    "mount",
+    "kexec_load",
+)
 
 
 async def _status_becomes(sandbox: Sandbox, wanted: str, tries: int = 200) -> str:
@@ -95,6 +107,7 @@ async def _init_pid(ctd: Containerd, sandbox: Sandbox) -> int:
 
 # -- init ---------------------------------------------------------------------
 
+
 async def test_tini_is_pid1_and_reaps_orphans(make_sandbox: MakeSandbox) -> None:
     sandbox = await make_sandbox(pids_limit=64)
     assert (await sandbox.exec("cat /proc/1/comm")).stdout.strip().startswith("init")
@@ -117,8 +130,9 @@ async def test_without_init_orphans_stay_zombies(make_sandbox: MakeSandbox) -> N
     assert int((await sandbox.exec(COUNT_ZOMBIES)).stdout) >= 40
 
 
-async def test_sigterm_stops_sandbox_and_teardown_works(ctd: Containerd,
-                                                        make_sandbox: MakeSandbox) -> None:
+async def test_sigterm_stops_sandbox_and_teardown_works(
+    ctd: Containerd, make_sandbox: MakeSandbox
+) -> None:
     sandbox = await make_sandbox()
     # Once `sleep` runs under tini, tini has blocked its signals and waits for
     # them; a SIGTERM sent in the instant before is dropped by the kernel (a
@@ -147,9 +161,17 @@ async def test_bad_command_fails_create_under_tini(ctd: Containerd) -> None:
 
 # -- limits -------------------------------------------------------------------
 
+
 async def test_cgroup_limits_and_nofile(make_sandbox: MakeSandbox) -> None:
-    sandbox = await make_sandbox(cpu_cores=0.5, cpu_shares=256, memory_mb=128, swap_mb=32,
-                                 pids_limit=50, nofile=4096, tmpfs_mb=16)
+    sandbox = await make_sandbox(
+        cpu_cores=0.5,
+        cpu_shares=256,
+        memory_mb=128,
+        swap_mb=32,
+        pids_limit=50,
+        nofile=4096,
+        tmpfs_mb=16,
+    )
     leaf = f"corral/{sandbox.id}"
     assert (CGROUP / "cpu" / leaf / "cpu.cfs_quota_us").read_text().strip() == "50000"
     assert (CGROUP / "cpu" / leaf / "cpu.cfs_period_us").read_text().strip() == "100000"
@@ -169,9 +191,11 @@ async def test_oom_in_child_spares_init(ctd: Containerd, make_sandbox: MakeSandb
     init_pid = await _init_pid(ctd, sandbox)
     assert Path(f"/proc/{init_pid}/oom_score_adj").read_text().strip() == str(INIT_OOM_SCORE_ADJ)
     # The host raises an exec's score right after Start (runc 1.1 ignores it in the spec).
-    adj = await sandbox.exec(f'i=0; while [ $i -lt 200 ] && [ "$(cat /proc/$$/oom_score_adj)" '
-                             f'!= {EXEC_OOM_SCORE_ADJ} ]; do i=$((i+1)); usleep 10000; done; '
-                             'cat /proc/$$/oom_score_adj')
+    adj = await sandbox.exec(
+        f'i=0; while [ $i -lt 200 ] && [ "$(cat /proc/$$/oom_score_adj)" '
+        f"!= {EXEC_OOM_SCORE_ADJ} ]; do i=$((i+1)); usleep 10000; done; "
+        "cat /proc/$$/oom_score_adj"
+    )
     assert adj.stdout.strip() == str(EXEC_OOM_SCORE_ADJ)
     hog = await sandbox.exec('x=aaaaaaaaaaaaaaaa; while :; do x="$x$x"; done', timeout_s=60)
     assert hog.exit_code == 137 and not hog.timed_out
@@ -198,6 +222,7 @@ async def test_workspace_volume_bounds_disk(ctd: Containerd, make_sandbox: MakeS
 
 # -- read-only root, masked paths, seccomp ---------------------------------------
 
+
 async def test_read_only_root(make_sandbox: MakeSandbox) -> None:
     sandbox = await make_sandbox(read_only_root=True)
     for target in ("/bin/sh", "/etc/passwd", "/newfile", "/workspace/x"):
@@ -209,9 +234,11 @@ async def test_read_only_root(make_sandbox: MakeSandbox) -> None:
 
 async def test_every_masked_path_is_empty(make_sandbox: MakeSandbox) -> None:
     sandbox = await make_sandbox()
-    script = ('for p in "$@"; do [ -e "$p" ] || continue; '
-              'if [ -d "$p" ]; then echo "$p $(ls -A "$p" | wc -l)"; '
-              'else echo "$p $(head -c 64 "$p" 2>/dev/null | wc -c)"; fi; done')
+    script = (
+        'for p in "$@"; do [ -e "$p" ] || continue; '
+        'if [ -d "$p" ]; then echo "$p $(ls -A "$p" | wc -l)"; '
+        'else echo "$p $(head -c 64 "$p" 2>/dev/null | wc -c)"; fi; done'
+    )
     res = await sandbox.exec(["/bin/sh", "-c", script, "sh", *MASKED_PATHS])
     seen = dict(line.rsplit(" ", 1) for line in res.stdout.splitlines())
     on_host = {p for p in MASKED_PATHS if Path(p).exists()}
@@ -224,8 +251,12 @@ async def test_every_masked_path_is_empty(make_sandbox: MakeSandbox) -> None:
 
 async def test_proc_and_sys_writes_refused(make_sandbox: MakeSandbox) -> None:
     sandbox = await make_sandbox()
-    for target in ("/proc/sys/kernel/hostname", "/sys/kernel/mm/ksm/run",
-                   "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/proc/sys/vm/drop_caches"):
+    for target in (
+        "/proc/sys/kernel/hostname",
+        "/sys/kernel/mm/ksm/run",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/proc/sys/vm/drop_caches",
+    ):
         res = await sandbox.exec(f"echo 1 > {target}")
         assert res.exit_code != 0, target
 
@@ -233,19 +264,23 @@ async def test_proc_and_sys_writes_refused(make_sandbox: MakeSandbox) -> None:
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the probe")
 async def test_seccomp_denies_each_listed_call(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
     (tmp_path / "probe.c").write_text(PROBE_C)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(tmp_path / "probe"),
-                    str(tmp_path / "probe.c")], check=True)
+    subprocess.run(
+        ["gcc", "-static", "-O1", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")],
+        check=True,
+    )
     sandbox = await make_sandbox()
     await sandbox.write_file("/workspace/probe", (tmp_path / "probe").read_bytes(), mode=0o755)
     res = await sandbox.exec(["/workspace/probe", *DENIED_BY_SECCOMP, "clone3", "getpid"])
     errnos = dict(line.split("=") for line in res.stdout.split())
     assert {call: errnos[call] for call in DENIED_BY_SECCOMP} == dict.fromkeys(
-        DENIED_BY_SECCOMP, "1")  # EPERM
+        DENIED_BY_SECCOMP, "1"
+    )  # EPERM
     assert errnos["clone3"] == "38"  # ENOSYS: libc falls back to clone
     assert errnos["getpid"] == "0"
 
 
 # -- runtimes and shims ---------------------------------------------------------
+
 
 async def test_crun_runs_or_is_refused_clearly(make_sandbox: MakeSandbox) -> None:
     if shutil.which("crun") is None:
@@ -270,8 +305,9 @@ def test_runsc_absent_is_named() -> None:
         SandboxSpec(image="busybox", runtime="runsc")
 
 
-async def test_shim_group_serves_several_sandboxes(ctd: Containerd, ctd_daemon: ContainerdDaemon,
-                                                   make_sandbox: MakeSandbox) -> None:
+async def test_shim_group_serves_several_sandboxes(
+    ctd: Containerd, ctd_daemon: ContainerdDaemon, make_sandbox: MakeSandbox
+) -> None:
     group = "grp-test-1"
     boxes = [await make_sandbox(shim_group=group) for _ in range(3)]
     for box in boxes:

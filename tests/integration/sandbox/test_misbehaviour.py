@@ -68,8 +68,9 @@ async def neighbour(make_sandbox: MakeSandbox) -> Sandbox:
     return box
 
 
-async def contained(ctd: Containerd, offender: Sandbox, neighbour: Sandbox,
-                    service: HostService) -> None:
+async def contained(
+    ctd: Containerd, offender: Sandbox, neighbour: Sandbox, service: HostService
+) -> None:
     """The checks after every offence."""
     assert (await neighbour.exec("cat /workspace/secret")).stdout == "mine\n"
     assert await service.serving()
@@ -79,11 +80,13 @@ async def contained(ctd: Containerd, offender: Sandbox, neighbour: Sandbox,
     assert (await neighbour.exec("echo still here")).ok
 
 
-async def test_fork_bomb(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-                         host_service: HostService) -> None:
+async def test_fork_bomb(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     bomb = await make_sandbox(pids_limit=32, cpu_cores=0.5)
     run = asyncio.ensure_future(
-        bomb.exec("b() { b | b & }; b; wait", timeout_s=4, output_limit_bytes=4096))
+        bomb.exec("b() { b | b & }; b; wait", timeout_s=4, output_limit_bytes=4096)
+    )
     assert (await neighbour.exec("echo fine")).ok  # while the bomb goes off
     result = await run
     # Either the bomb was still going at the timeout (killed), or it ran out of pids.
@@ -92,8 +95,9 @@ async def test_fork_bomb(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: 
     await contained(ctd, bomb, neighbour, host_service)
 
 
-async def test_memory_hog(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-                          host_service: HostService) -> None:
+async def test_memory_hog(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     hog = await make_sandbox(memory_mb=48, tmpfs_mb=4)
     result = await hog.exec('x=aaaaaaaaaaaaaaaa; while :; do x="$x$x"; done', timeout_s=60)
     assert result.exit_code == 137 and not result.timed_out
@@ -102,8 +106,9 @@ async def test_memory_hog(ctd: Containerd, make_sandbox: MakeSandbox, neighbour:
     await contained(ctd, hog, neighbour, host_service)
 
 
-async def test_disk_fill(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-                         host_service: HostService) -> None:
+async def test_disk_fill(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     filler = await make_sandbox(workspace_mb=16, read_only_root=True, tmpfs_mb=8)
     ws = await filler.exec("dd if=/dev/zero of=/workspace/f bs=1M count=100", timeout_s=60)
     assert ws.exit_code != 0 and "No space left" in ws.stderr
@@ -117,12 +122,16 @@ async def test_disk_fill(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: 
     assert not image.exists()
 
 
-async def test_log_flood(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-                         host_service: HostService) -> None:
+async def test_log_flood(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     flood = await make_sandbox()
     limit = 64 * 1024
-    result = await flood.exec("head -c 50000000 /dev/zero | tr '\\0' a; echo done >&2",
-                              output_limit_bytes=limit, timeout_s=60)
+    result = await flood.exec(
+        "head -c 50000000 /dev/zero | tr '\\0' a; echo done >&2",
+        output_limit_bytes=limit,
+        timeout_s=60,
+    )
     assert result.exit_code == 0 and not result.timed_out
     assert result.truncated
     assert len(result.stdout) + len(result.stderr) <= limit
@@ -130,17 +139,24 @@ async def test_log_flood(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: 
     await contained(ctd, flood, neighbour, host_service)
 
 
-async def test_overwrite_bin_sh(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-                                host_service: HostService) -> None:
+async def test_overwrite_bin_sh(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     vandal = await make_sandbox()
     host_busybox = hashlib.sha256(Path("/bin/busybox").read_bytes()).hexdigest()
     # Writing into the running binary is ETXTBSY; unlink and replace it (and /bin/sh)
     # instead. The change lands in this sandbox's writable layer only.
-    wrecked = await vandal.exec(["/bin/busybox", "sh", "-c",
-                                 "cp /bin/busybox /tmp/busybox"
-                                 " && /tmp/busybox rm -f /bin/sh /bin/busybox"
-                                 " && printf junk > /bin/busybox && printf junk > /bin/sh"
-                                 " && /tmp/busybox chmod 755 /bin/sh /bin/busybox"])
+    wrecked = await vandal.exec(
+        [
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "cp /bin/busybox /tmp/busybox"
+            " && /tmp/busybox rm -f /bin/sh /bin/busybox"
+            " && printf junk > /bin/busybox && printf junk > /bin/sh"
+            " && /tmp/busybox chmod 755 /bin/sh /bin/busybox",
+        ]
+    )
     assert wrecked.ok, wrecked.stderr
     broken = await vandal.exec("echo hi")  # its own /bin/sh is junk now
     assert broken.exit_code != 0 and "exec format error" in broken.stderr
@@ -151,13 +167,16 @@ async def test_overwrite_bin_sh(ctd: Containerd, make_sandbox: MakeSandbox, neig
     await contained(ctd, vandal, neighbour, host_service)
 
 
-async def test_scan_host_loopback(ctd: Containerd, make_sandbox: MakeSandbox,
-                                  neighbour: Sandbox, host_service: HostService) -> None:
+async def test_scan_host_loopback(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     scanner = await make_sandbox()
     ports = [host_service.port, 22, 80, 443, 2375, 7233, 8233, 10250]
-    script = ("for p in " + " ".join(map(str, ports)) + "; do "
-              "if nc -w 1 127.0.0.1 $p </dev/null >/dev/null 2>&1; then echo open $p; fi; "
-              "done; echo scanned")
+    script = (
+        "for p in " + " ".join(map(str, ports)) + "; do "
+        "if nc -w 1 127.0.0.1 $p </dev/null >/dev/null 2>&1; then echo open $p; fi; "
+        "done; echo scanned"
+    )
     result = await scanner.exec(script, timeout_s=60)
     assert result.stdout == "scanned\n"  # nothing open: its loopback is its own
     assert (await scanner.exec("ls /sys/class/net")).stdout.split() == ["lo"]
@@ -165,53 +184,73 @@ async def test_scan_host_loopback(ctd: Containerd, make_sandbox: MakeSandbox,
     await contained(ctd, scanner, neighbour, host_service)
 
 
-async def test_read_other_sandbox_files(ctd: Containerd, make_sandbox: MakeSandbox,
-                                        neighbour: Sandbox, host_service: HostService) -> None:
+async def test_read_other_sandbox_files(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     snoop = await make_sandbox()
     search = await snoop.exec(
         "find / -path /proc -prune -o -path /sys -prune -o -name secret -print; "
         "cat /proc/*/root/workspace/secret 2>/dev/null; ls /proc | grep -c '^[0-9]'",
-        timeout_s=60)
+        timeout_s=60,
+    )
     assert "mine" not in search.stdout
     assert "/workspace/secret" not in search.stdout
     assert int(search.stdout.split()[-1]) < 10  # only its own few processes are visible
     await contained(ctd, snoop, neighbour, host_service)
 
 
-async def test_proc_and_sys_tricks(ctd: Containerd, make_sandbox: MakeSandbox,
-                                   neighbour: Sandbox, host_service: HostService) -> None:
+async def test_proc_and_sys_tricks(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     trickster = await make_sandbox()
     # 'h' only prints help if it ever reached the kernel; the trigger is masked anyway.
     sysrq = await trickster.exec("echo h > /proc/sysrq-trigger; cat /proc/sysrq-trigger | wc -c")
     assert sysrq.stdout.strip().endswith("0")
     kcore = await trickster.exec("head -c 16 /proc/kcore 2>/dev/null | wc -c")
     assert kcore.stdout.strip() == "0"
-    for target in ("/sys/kernel/mm/ksm/run", "/sys/kernel/uevent_helper",
-                   "/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches"):
+    for target in (
+        "/sys/kernel/mm/ksm/run",
+        "/sys/kernel/uevent_helper",
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/vm/drop_caches",
+    ):
         res = await trickster.exec(f"echo 1 > {target}")
         assert res.exit_code != 0, target
     assert (await trickster.exec("head -c 8 /proc/kpageflags | wc -c")).stdout.strip() == "0"
     await contained(ctd, trickster, neighbour, host_service)
 
 
-async def test_mount_unshare_ptrace(ctd: Containerd, make_sandbox: MakeSandbox,
-                                    neighbour: Sandbox, host_service: HostService) -> None:
+async def test_mount_unshare_ptrace(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     escaper = await make_sandbox()
-    for cmd in ("mount -t tmpfs none /tmp", "mount -o remount,rw /proc/sys",
-                "mount --bind / /tmp", "umount /proc/kcore", "unshare -U true",
-                "unshare -n true", "unshare -m true", "unshare -p -f true",
-                "nsenter -t 1 -n true", "chroot / true && mknod /tmp/sda b 8 0"):
+    for cmd in (
+        "mount -t tmpfs none /tmp",
+        "mount -o remount,rw /proc/sys",
+        "mount --bind / /tmp",
+        "umount /proc/kcore",
+        "unshare -U true",
+        "unshare -n true",
+        "unshare -m true",
+        "unshare -p -f true",
+        "nsenter -t 1 -n true",
+        "chroot / true && mknod /tmp/sda b 8 0",
+    ):
         res = await escaper.exec(cmd, timeout_s=10)
         assert res.exit_code != 0 and not res.timed_out, cmd
     # ptrace: busybox has no strace; the attach attempt goes through /proc/<pid>/mem
     mem = await escaper.exec("dd if=/proc/1/mem bs=1 count=1 skip=4096 2>&1")
-    assert "Operation not permitted" in mem.stdout or "Permission denied" in mem.stdout \
+    assert (
+        "Operation not permitted" in mem.stdout
+        or "Permission denied" in mem.stdout
         or mem.exit_code != 0
+    )
     await contained(ctd, escaper, neighbour, host_service)
 
 
-async def test_kill_all_inside(ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-                               host_service: HostService) -> None:
+async def test_kill_all_inside(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     killer = await make_sandbox()
     result = await killer.exec("kill -9 -1; sleep 5; echo survived", timeout_s=30)
     # tini's child died, so tini exits and the kernel ends the pid namespace: the
@@ -254,7 +293,6 @@ time.sleep(float(sys.argv[2]))  # bounded lifetime even if the test dies
 NC = "nc -w 2 {} {} </dev/null"
 
 
-
 @pytest.fixture
 def server_ns() -> Iterator[None]:
     if not shutil.which("nft") or not shutil.which("ip"):
@@ -264,25 +302,29 @@ def server_ns() -> Iterator[None]:
         yield
 
 
-
-async def test_allowlist_through_create_sandbox(ctd: Containerd, make_sandbox: MakeSandbox,
-                                                server_ns: None,
-                                                host_service: HostService) -> None:
-    box = await make_sandbox(network="allowlist",
-                             egress=[{"cidr": f"{SRV_ADDR}/32", "port": ALLOWED}])
+async def test_allowlist_through_create_sandbox(
+    ctd: Containerd, make_sandbox: MakeSandbox, server_ns: None, host_service: HostService
+) -> None:
+    box = await make_sandbox(
+        network="allowlist", egress=[{"cidr": f"{SRV_ADDR}/32", "port": ALLOWED}]
+    )
     att = await box.network_attachment()
     assert att is not None and att.host_ifname in sh("ip", "-o", "link").stdout
     assert (await box.exec("ls /sys/class/net")).stdout.split() == ["eth0", "lo"]
     assert (await box.exec(NC.format(SRV_ADDR, ALLOWED), timeout_s=10)).stdout == "hello\n"
     assert not (await box.exec(NC.format(SRV_ADDR, DENIED), timeout_s=10)).ok
-    assert not (await box.exec(NC.format(att.host_address, host_service.port),
-                               timeout_s=10)).ok
+    assert not (await box.exec(NC.format(att.host_address, host_service.port), timeout_s=10)).ok
     assert not (await box.exec(NC.format("127.0.0.1", host_service.port), timeout_s=10)).ok
 
     # create is idempotent: the same sandbox, the same attachment
-    again = await ctd.create_sandbox(box.id, SandboxSpec(
-        image="busybox", network="allowlist",
-        egress=[network.EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED)]))
+    again = await ctd.create_sandbox(
+        box.id,
+        SandboxSpec(
+            image="busybox",
+            network="allowlist",
+            egress=[network.EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED)],
+        ),
+    )
     assert again.id == box.id and (await again.network_attachment()) == att
 
     assert await box.cut_network() is True
@@ -301,8 +343,9 @@ async def test_no_network_sandbox_has_nothing_to_cut(make_sandbox: MakeSandbox) 
     assert await box.cut_network() is False and await box.restore_network() is False
 
 
-async def test_failed_attach_rolls_back_the_sandbox(ctd: Containerd, busybox: ImageInfo,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_failed_attach_rolls_back_the_sandbox(
+    ctd: Containerd, busybox: ImageInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def broken(*_a: object, **_k: object) -> None:
         raise NetworkError("sandbox netfail-1: create veth crl1 failed: simulated")
 
@@ -361,20 +404,23 @@ async def setuid_image(ctd: Containerd, tmp_path_factory: pytest.TempPathFactory
 
 
 async def test_root_cannot_read_host_files_left_in_reach(
-        ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox,
-        host_service: HostService) -> None:
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     """A host-root 0600 file left inside a sandbox by mistake (here: dropped into its
     workspace from the host) is closed to the sandbox's root; uid 0 without a user
     namespace (the opt-out) reads it, which is what the user namespace prevents."""
-    boxes = {userns: await make_sandbox(workspace_mb=8, user_namespace=userns)
-             for userns in (True, False)}
+    boxes = {
+        userns: await make_sandbox(workspace_mb=8, user_namespace=userns)
+        for userns in (True, False)
+    }
     for box in boxes.values():
         secret = ctd.workspace_root / box.id / "host-secret"
         secret.write_text("host only\n")
         secret.chmod(0o600)
     mapped = await boxes[True].exec(
         "id -u; stat -c %u /workspace/host-secret; cat /workspace/host-secret; "
-        "chmod 644 /workspace/host-secret || echo chmod refused")
+        "chmod 644 /workspace/host-secret || echo chmod refused"
+    )
     assert mapped.stdout.splitlines()[:2] == ["0", "65534"]  # root, facing an unmapped owner
     assert "host only" not in mapped.stdout and "Permission denied" in mapped.stderr
     assert mapped.stdout.endswith("chmod refused\n")
@@ -388,8 +434,12 @@ async def test_root_cannot_read_host_files_left_in_reach(
 
 
 async def test_setuid_binary_gives_no_host_privileges(
-        ctd: Containerd, make_sandbox: MakeSandbox, setuid_image: ImageInfo,
-        neighbour: Sandbox, host_service: HostService) -> None:
+    ctd: Containerd,
+    make_sandbox: MakeSandbox,
+    setuid_image: ImageInfo,
+    neighbour: Sandbox,
+    host_service: HostService,
+) -> None:
     box = await make_sandbox(image=setuid_image.name)
     assert (await box.exec("stat -c %a:%u /bin/probe")).stdout == "4755:0\n"  # as in the image
     # no_new_privs: the setuid bit does not raise a user's euid inside the sandbox.
@@ -400,9 +450,11 @@ async def test_setuid_binary_gives_no_host_privileges(
     try:
         probe_pids: list[int] = []
         for _ in range(100):
-            probe_pids = [int(p) for p in (CGROUP / "pids/corral" / box.id / "cgroup.procs")
-                          .read_text().split()
-                          if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+            probe_pids = [
+                int(p)
+                for p in (CGROUP / "pids/corral" / box.id / "cgroup.procs").read_text().split()
+                if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"
+            ]
             if probe_pids:
                 break
             await asyncio.sleep(0.05)
@@ -414,20 +466,21 @@ async def test_setuid_binary_gives_no_host_privileges(
     await contained(ctd, box, neighbour, host_service)
 
 
-async def test_filling_root_hits_the_quota(ctd: Containerd, make_sandbox: MakeSandbox,
-                                          neighbour: Sandbox, host_service: HostService) -> None:
+async def test_filling_root_hits_the_quota(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     filler = await make_sandbox(disk_mb=32)
     fill = await filler.exec("dd if=/dev/zero of=/fill bs=1M count=200", timeout_s=60)
     assert fill.exit_code != 0 and "Disk quota exceeded" in fill.stderr
     # Everything written anywhere on / counts, copy-ups too: another path fails as well.
-    more = await filler.exec("cp /bin/busybox /usr/bin/copy && dd if=/dev/zero of=/etc/more "
-                             "bs=1M count=64", timeout_s=60)
+    more = await filler.exec(
+        "cp /bin/busybox /usr/bin/copy && dd if=/dev/zero of=/etc/more bs=1M count=64", timeout_s=60
+    )
     assert more.exit_code != 0 and "Disk quota exceeded" in more.stderr
     size = int((await filler.exec("du -sm /fill")).stdout.split()[0])
     assert size <= 32
     # The neighbour (default 1 GiB) writes more than the filler's whole quota.
-    wrote = await neighbour.exec("dd if=/dev/zero of=/big bs=1M count=48 && rm /big",
-                                 timeout_s=60)
+    wrote = await neighbour.exec("dd if=/dev/zero of=/big bs=1M count=48 && rm /big", timeout_s=60)
     assert wrote.ok, wrote.stderr
     assert (await filler.exec("rm /fill && echo freed > /after")).ok  # room again once freed
     await contained(ctd, filler, neighbour, host_service)
@@ -437,19 +490,23 @@ def blkio_file(sandbox_id: str, name: str) -> str:
     return (CGROUP / "blkio/corral" / sandbox_id / f"blkio.throttle.{name}").read_text()
 
 
-FSYNC_PROBE = ("i=0; while [ $i -lt 20 ]; do dd if=/dev/zero of=/probe bs=4k count=1 "
-               "conv=fsync 2>/dev/null; i=$((i+1)); done")
+FSYNC_PROBE = (
+    "i=0; while [ $i -lt 20 ]; do dd if=/dev/zero of=/probe bs=4k count=1 "
+    "conv=fsync 2>/dev/null; i=$((i+1)); done"
+)
 
 
 async def fsync_probe_s(box: Sandbox, samples: int = 5) -> float:
     """Median wall time of 20 small fsync'd writes (one exec per sample)."""
-    times = sorted([(await box.exec(FSYNC_PROBE, timeout_s=120)).duration_s
-                    for _ in range(samples)])
+    times = sorted(
+        [(await box.exec(FSYNC_PROBE, timeout_s=120)).duration_s for _ in range(samples)]
+    )
     return times[len(times) // 2]
 
 
-async def test_disk_io_hog_is_throttled(ctd: Containerd, make_sandbox: MakeSandbox,
-                                        neighbour: Sandbox, host_service: HostService) -> None:
+async def test_disk_io_hog_is_throttled(
+    ctd: Containerd, make_sandbox: MakeSandbox, neighbour: Sandbox, host_service: HostService
+) -> None:
     """The limit is what is asserted; the neighbour's fsync latency with and without the
     hog is measured and printed (a ratio on a shared 2-core machine is not a safe gate)."""
     hog = await make_sandbox(io_bps_mb=8, io_iops=400)
@@ -458,19 +515,26 @@ async def test_disk_io_hog_is_throttled(ctd: Containerd, make_sandbox: MakeSandb
     assert blkio_file(hog.id, "read_iops_device").split() == [device, "400"]
     idle = await fsync_probe_s(neighbour)
     # Direct writes in a loop: every byte goes to the device, none waits in page cache.
-    run = asyncio.ensure_future(hog.exec(
-        "while :; do dd if=/dev/zero of=/hog bs=1M count=64 oflag=direct 2>/dev/null; done",
-        timeout_s=20))
+    run = asyncio.ensure_future(
+        hog.exec(
+            "while :; do dd if=/dev/zero of=/hog bs=1M count=64 oflag=direct 2>/dev/null; done",
+            timeout_s=20,
+        )
+    )
     try:
         busy = await fsync_probe_s(neighbour)
     finally:
         result = await run
     assert result.timed_out  # the hog ran the whole time and was stopped at its timeout
-    print(f"neighbour fsync probe: idle {idle:.3f}s, with IO hog {busy:.3f}s, "
-          f"ratio {busy / idle:.2f} (target <= 2)")
-    written = next(int(line.split()[2]) for line in
-                   blkio_file(hog.id, "io_service_bytes").splitlines()
-                   if line.startswith(f"{device} Write"))
+    print(
+        f"neighbour fsync probe: idle {idle:.3f}s, with IO hog {busy:.3f}s, "
+        f"ratio {busy / idle:.2f} (target <= 2)"
+    )
+    written = next(
+        int(line.split()[2])
+        for line in blkio_file(hog.id, "io_service_bytes").splitlines()
+        if line.startswith(f"{device} Write")
+    )
     # Never more than the limit allows over the hog's lifetime (plus one throttle slice).
     assert 0 < written <= (8 << 20) * (result.duration_s + 1)
     await contained(ctd, hog, neighbour, host_service)
@@ -501,14 +565,20 @@ def sink_ns() -> Iterator[None]:
         yield
 
 
-async def test_bandwidth_hog_stays_within_its_rate(ctd: Containerd, make_sandbox: MakeSandbox,
-                                                   sink_ns: None, neighbour: Sandbox,
-                                                   host_service: HostService) -> None:
+async def test_bandwidth_hog_stays_within_its_rate(
+    ctd: Containerd,
+    make_sandbox: MakeSandbox,
+    sink_ns: None,
+    neighbour: Sandbox,
+    host_service: HostService,
+) -> None:
     rate_mbit, size = 4, 2_000_000
-    hog = await make_sandbox(network="allowlist", egress_mbit=rate_mbit,
-                             egress=[{"cidr": f"{SRV_ADDR}/32", "port": SINK_PORT}])
-    sent = await hog.exec(f"head -c {size} /dev/zero | nc {SRV_ADDR} {SINK_PORT}",
-                          timeout_s=60)
+    hog = await make_sandbox(
+        network="allowlist",
+        egress_mbit=rate_mbit,
+        egress=[{"cidr": f"{SRV_ADDR}/32", "port": SINK_PORT}],
+    )
+    sent = await hog.exec(f"head -c {size} /dev/zero | nc {SRV_ADDR} {SINK_PORT}", timeout_s=60)
     assert sent.stdout == f"{size}\n", sent.stderr  # the sink got every byte
     achieved = size * 8 / sent.duration_s / 1e6
     print(f"bandwidth hog: {achieved:.2f} Mbit/s against a {rate_mbit} Mbit/s limit")

@@ -48,15 +48,29 @@ def test_process_hardening() -> None:
 
 
 def test_capabilities_are_at_most_docker_minus_net_raw() -> None:
-    docker = {"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-              "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-              "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"}
+    docker = {
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FSETID",
+        "CAP_FOWNER",
+        "CAP_MKNOD",
+        "CAP_NET_RAW",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETFCAP",
+        "CAP_SETPCAP",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_SYS_CHROOT",
+        "CAP_KILL",
+        "CAP_AUDIT_WRITE",
+    }
     assert set(CAPABILITIES) <= docker - {"CAP_NET_RAW"}
 
 
 def test_resources() -> None:
-    res = build_oci_spec("sb", spec(memory_mb=256, swap_mb=64, pids_limit=99, cpu_cores=1.5,
-                                    cpu_shares=512))["linux"]["resources"]
+    res = build_oci_spec(
+        "sb", spec(memory_mb=256, swap_mb=64, pids_limit=99, cpu_cores=1.5, cpu_shares=512)
+    )["linux"]["resources"]
     assert res["memory"] == {"limit": 256 * MIB, "swap": 320 * MIB}
     assert res["pids"] == {"limit": 99}
     assert res["cpu"] == {"quota": 150_000, "period": 100_000, "shares": 512}
@@ -65,12 +79,21 @@ def test_resources() -> None:
 
 def test_masked_readonly_and_tmpfs() -> None:
     oci = build_oci_spec("sb", spec(tmpfs_mb=32, read_only_root=True))
-    for path in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
-                 "/proc/kpagecgroup", "/proc/kpagecount", "/proc/kpageflags",
-                 "/proc/sysrq-trigger", "/sys/firmware", "/proc/acpi", "/proc/scsi"):
+    for path in (
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/timer_list",
+        "/proc/sched_debug",
+        "/proc/kpagecgroup",
+        "/proc/kpagecount",
+        "/proc/kpageflags",
+        "/proc/sysrq-trigger",
+        "/sys/firmware",
+        "/proc/acpi",
+        "/proc/scsi",
+    ):
         assert path in oci["linux"]["maskedPaths"]
-    assert set(oci["linux"]["readonlyPaths"]) >= {"/proc/bus", "/proc/fs", "/proc/irq",
-                                                  "/proc/sys"}
+    assert set(oci["linux"]["readonlyPaths"]) >= {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"}
     mounts = {m["destination"]: m for m in oci["mounts"]}
     assert "size=32m" in mounts["/tmp"]["options"]
     assert "size=32m" in mounts["/dev/shm"]["options"]
@@ -92,13 +115,44 @@ def test_seccomp_denies_the_list_with_eperm() -> None:
     profile = seccomp_profile("x86_64")
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
     assert profile["architectures"] == ["SCMP_ARCH_X86_64"]
-    denied = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO"
-              and rule.get("errnoRet") == EPERM and "args" not in rule for name in rule["names"]}
-    required = {"keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
-                "mount", "umount2", "pivot_root", "kexec_load", "kexec_file_load", "init_module",
-                "finit_module", "delete_module", "clock_settime", "clock_adjtime",
-                "settimeofday", "adjtimex", "swapon", "swapoff", "reboot", "open_by_handle_at",
-                "name_to_handle_at", "ptrace", "setns", "fsopen", "fsmount", "move_mount"}
+    denied = {
+        name
+        for rule in profile["syscalls"]
+        if rule["action"] == "SCMP_ACT_ERRNO"
+        and rule.get("errnoRet") == EPERM
+        and "args" not in rule
+        for name in rule["names"]
+    }
+    required = {
+        "keyctl",
+        "add_key",
+        "request_key",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "clock_settime",
+        "clock_adjtime",
+        "settimeofday",
+        "adjtimex",
+        "swapon",
+        "swapoff",
+        "reboot",
+        "open_by_handle_at",
+        "name_to_handle_at",
+        "ptrace",
+        "setns",
+        "fsopen",
+        "fsmount",
+        "move_mount",
+    }
     assert required <= denied
     assert set(DENIED_SYSCALLS) == denied
 
@@ -150,8 +204,13 @@ def test_missing_runtime_binary_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_defaults() -> None:
     s = spec()
-    assert (s.cpu_cores, s.memory_mb, s.pids_limit, s.nofile, s.tmpfs_mb) == (1.0, 512, 256,
-                                                                               1024, 64)
+    assert (s.cpu_cores, s.memory_mb, s.pids_limit, s.nofile, s.tmpfs_mb) == (
+        1.0,
+        512,
+        256,
+        1024,
+        64,
+    )
     assert s.command == ["sleep", "2147483647"] and s.network == "none" and s.runtime == "runc"
 
 
@@ -177,8 +236,14 @@ def test_workspace_volume_mount() -> None:
 
 def test_more_masked_paths() -> None:
     masked = build_oci_spec("sb", spec())["linux"]["maskedPaths"]
-    for path in ("/proc/kmsg", "/proc/slabinfo", "/proc/vmallocinfo", "/sys/kernel/debug",
-                 "/sys/kernel/security", "/sys/kernel/tracing"):
+    for path in (
+        "/proc/kmsg",
+        "/proc/slabinfo",
+        "/proc/vmallocinfo",
+        "/sys/kernel/debug",
+        "/sys/kernel/security",
+        "/sys/kernel/tracing",
+    ):
         assert path in masked
 
 

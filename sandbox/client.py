@@ -21,6 +21,7 @@ from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
 from sandbox import network, quota, userns, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
+from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.namespaces.v1 import namespace_pb2
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
@@ -259,7 +260,7 @@ class Containerd:
         )
         try:
             if mapping is not None:
-                request.parent = await self._remapped_parent(chain_id, mapping, lease)
+                request.parent = await self._remapped_parent(chain_id, image, mapping, lease)
             resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
         except grpc.aio.AioRpcError as err:
             if not is_not_found(err):
@@ -268,11 +269,12 @@ class Containerd:
             info = await self.images.get(image)
             request.parent = await self.images.ensure_unpacked(info)
             if mapping is not None:
-                request.parent = await self._remapped_parent(request.parent, mapping, lease)
+                request.parent = await self._remapped_parent(request.parent, image, mapping,
+                                                             lease)
             resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
         return list(resp.mounts)
 
-    async def _remapped_parent(self, chain_id: str, mapping: userns.IdMapping,
+    async def _remapped_parent(self, chain_id: str, image: str, mapping: userns.IdMapping,
                                lease: str) -> str:
         """The image's chain chowned into ``mapping``'s range, made once (sandbox.userns)."""
         key = chain_id + mapping.snapshot_suffix
@@ -291,8 +293,9 @@ class Containerd:
                 await userns.shift_mounted(resp.mounts, mapping, scratch)
                 await self._conn.snapshots.Commit(snapshots_pb2.CommitSnapshotRequest(
                     snapshotter=self._conn.snapshotter, name=key, key=prepare_key,
-                    labels={userns.GC_ROOT_LABEL: "1", userns.REMAP_LABEL: str(mapping.host_id)}),
+                    labels={userns.REMAP_LABEL: str(mapping.host_id)}),
                     metadata=self._conn.md(lease))
+                await self._tie_to_image(image, key, mapping)
             except BaseException:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await self._conn.snapshots.Remove(snapshots_pb2.RemoveSnapshotRequest(
@@ -300,6 +303,18 @@ class Containerd:
                         metadata=self._conn.md())
                 raise
             return key
+
+    async def _tie_to_image(self, image: str, key: str, mapping: userns.IdMapping) -> None:
+        """Keep the remapped copy exactly as long as the image: a garbage-collection
+        reference from the image's config blob (containerd reads ``<label>/<suffix>``)."""
+        manifest = await self.images._manifest_from_store(await self.images.get(image))
+        label = (f"containerd.io/gc.ref.snapshot.{self._conn.snapshotter}"
+                 f"/userns-{mapping.host_id}-{mapping.size}")
+        await self._conn.content.Update(
+            content_pb2.UpdateRequest(
+                info=content_pb2.Info(digest=manifest["config"]["digest"], labels={label: key}),
+                update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"])),
+            metadata=self._conn.md())
 
     def _check_disk_quota(self, spec: SandboxSpec) -> None:
         if spec.disk_mb is not None and not quota.has_quota_fs(self._containerd_root):

@@ -6,9 +6,11 @@ runc 1.1 takes ``uidMappings``/``gidMappings`` but has no idmapped rootfs
 either, so the rootfs must be *owned* by the mapped ids. As containerd's own
 ``ctr run --remap-labels`` does, each image gets a chowned copy once per uid
 range: a snapshot prepared on the image's chain, every entry shifted by the
-range's first host id, committed as ``<chain id>@userns-<host id>``
-(``remapped_parent``). Every sandbox of that range then prepares its writable
-layer on that commit, exactly as before on the image: no per-sandbox cost.
+range's first host id, committed as ``<chain id>@userns-<host id>-<size>``
+(``Containerd._remapped_parent``) and referenced from the image's config blob
+(a ``containerd.io/gc.ref.snapshot`` label), so it lives as long as the
+image. Every sandbox of that range then prepares its writable layer on that
+commit, exactly as before on the image: no per-sandbox cost.
 The chowned copy costs one copy-up of the image (about the image's size on
 disk) per range, which is why ranges are per tenant, not per sandbox.
 
@@ -38,8 +40,6 @@ from sandbox.quota import run_tool
 DEFAULT_START = 1_000_000_000
 DEFAULT_SIZE = 65536
 DEFAULT_RANGES = 1024
-# Keeps the committed copy from containerd's garbage collector between sandboxes.
-GC_ROOT_LABEL = "containerd.io/gc.root"
 REMAP_LABEL = "corral.userns"
 DEFAULT_TENANT = "default"
 

@@ -115,3 +115,24 @@ async def test_sensor_mapping_reads_the_sandbox_view(
     assert userns.id_inside(maps[0], 0) == userns.OVERFLOW_ID  # host root is unmapped inside
     identity = userns.read_mappings(pids[host_root.id])
     assert identity is not None and userns.id_inside(identity[0], 0) == 0
+
+
+async def test_remapped_copies_live_as_long_as_their_image(
+    ctd: Containerd, busybox: ImageInfo, make_sandbox: MakeSandbox, tmp_path: Path
+) -> None:
+    from sandbox.oci_archive import build_busybox_rootfs, write_oci_archive
+
+    rootfs = build_busybox_rootfs(tmp_path / "rootfs")
+    (rootfs / "etc" / "marker").write_text("distinct chain\n")
+    name = "corral.local/defense-gc:1"
+    images = await ctd.images.import_archive(write_oci_archive(tmp_path / "i.tar", [rootfs], name))
+    image = next(i for i in images if i.name == name)
+    box = await make_sandbox(image=name, userns_range=2)
+    await make_sandbox()  # busybox's copy for range 0 exists too
+    await ctd.destroy_sandbox(box.id)
+    copy = f"{image.chain_id}{ctd.uid_pool.mapping(2).snapshot_suffix}"
+    assert copy in await ctd.snapshot_keys()
+    await ctd.images.remove(name)  # a synchronous garbage collection
+    keys = await ctd.snapshot_keys()
+    assert copy not in keys and image.chain_id not in keys
+    assert f"{busybox.chain_id}{ctd.uid_pool.mapping(0).snapshot_suffix}" in keys

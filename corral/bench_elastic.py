@@ -1,7 +1,8 @@
 """`corral bench --elastic` and the idle-sandbox machinery `--density` shares.
 
-Elastic: B busy sandboxes run a CPU-bound step loop for a fixed window, first
-alone, then with M idle sandboxes beside them (elastic CPU: weight 2 between
+Elastic: B busy sandboxes run a CPU-bound step loop for a fixed window, alone,
+then with M idle sandboxes beside them, then alone again (the two alone
+windows are averaged against the machine's drifting load) (elastic CPU: weight 2 between
 steps, full weight while a step runs, as the node activities do it). Reported:
 `busy throughput with idle / alone` and how fast an idle sandbox's first step
 after a quiet period starts, next to a busy sandbox's step (the difference of
@@ -156,7 +157,7 @@ async def run_elastic(
     group: int = 20,
     tick: Callable[[], None] = lambda: None,
 ) -> ElasticReport:
-    """Busy throughput alone, then beside `idle` idle sandboxes; idle first-step latency."""
+    """Busy throughput alone, beside `idle` idle sandboxes, alone again; idle first-step latency."""
     node = config.node_names()[0]
     async with await Containerd.connect(
         str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
@@ -166,10 +167,16 @@ async def run_elastic(
         try:
             boxes = [await raw.get_sandbox(i) for i in workers.ids]
             cpu = ElasticCpu()  # one per process, as on a node: it counts running steps
-            alone = await _busy_steps(cpu, boxes, window_s)
+            before = await _busy_steps(cpu, boxes, window_s)
             held = await create_idle(raw, idle, group=group, spinning=spinning, tick=tick)
+            created = len(held.ids)
             await asyncio.sleep(QUIET_S)
             idle_ms, busy_ms, beside = await _measure_beside_idle(raw, cpu, boxes, held, window_s)
+            await destroy_all(raw, held.ids)
+            held.ids = []  # removed; `idle_created` below was counted at creation
+            # Alone again after: the mean of before and after cancels slow drift in
+            # the rest of the machine's load (a shared machine is never quiet).
+            alone = round((before + await _busy_steps(cpu, boxes, window_s)) / 2)
         finally:
             await destroy_all(raw, workers.ids + held.ids)
     return ElasticReport(
@@ -179,7 +186,7 @@ async def run_elastic(
         window_s=window_s,
         busy_steps_alone=alone,
         busy_steps_with_idle=beside,
-        idle_created=len(held.ids),
+        idle_created=created,
         idle_create_wall_s=held.wall_s,
         idle_first_step_ms_p50=idle_ms,
         busy_step_ms_p50=busy_ms,

@@ -21,8 +21,10 @@ plus bpftrace's CPU from ``/proc``. The workload's CPU is its cgroup's
 
 Every sensor on the machine traces every sandbox under ``/corral``: other
 stacks' sensors (``other_sensors``) make "off" less than off, and other
-sandboxes' syscalls reach this sensor too (counted in its records). A
-benchmark, not a test: it asserts nothing.
+sandboxes' syscalls reach this sensor too. ``own_share`` is the bench
+sandbox's share of the records (by their cgroup id), and ``... (own records
+only)`` charges the sensor's CPU to the step by that share. A benchmark,
+not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
 from policies.measure import exec_heavy_step, open_heavy_step
-from policies.sensor.cgroups import DictResolver
-from policies.sensor.prefilter import Prefilter
+from policies.sensor import program as pg
+from policies.sensor.cgroups import DictResolver, parent_dir
+from policies.sensor.prefilter import Prefilter, needs_exe_details
 from policies.sensor.sensor import Sensor
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from sandbox.errors import CorralError
 from workers.config import StackConfig
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct/corral")
+HEADER_RECORDS = frozenset({pg.REC_SYSCALL, pg.REC_EXEC_ENTER, pg.REC_EXEC_EXIT, pg.REC_FORK,
+                            pg.REC_EXIT})  # fmt: skip
 READY_TIMEOUT_S = 300.0  # bpftrace compiles for tens of seconds on a busy machine
 
 
@@ -68,7 +73,9 @@ class StepResult(BaseModel):
     bpftrace_cpu_s: list[float]
     records: list[int]  # bpftrace records the sensor parsed, per "on" run
     events: list[int]  # events that passed the prefilter and were evaluated
+    own_share: list[float]  # of the records, the bench sandbox's (the rest: other sandboxes)
     sensor_cpu_ratio: float
+    own_sensor_cpu_ratio: float  # the sensor CPU share of the bench sandbox's records
     wall_slowdown: float
     records_per_s: float
     events_per_s: float
@@ -87,13 +94,27 @@ class SensorBenchReport(BaseModel):
 class _SensorThread:
     """The sensor pipeline on an event loop in its own thread (its CPU is measurable)."""
 
-    def __init__(self, engine: RuleEngine, resolver: DictResolver) -> None:
+    def __init__(self, engine: RuleEngine, resolver: DictResolver, sandbox_cgid: int) -> None:
         self.engine = engine
         self.resolver = resolver
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-sensor")
         self.sensor: Sensor | None = None
         self.evaluated = 0
+        self.sandbox_cgid = sandbox_cgid
+        self.headers = 0  # records that name a cgroup: syscall, exec, fork, exit
+        self.own_headers = 0  # ... of the bench's sandbox
+
+    def _count(self, record: Callable[[list[Any]], Event | None]) -> Any:
+        """Wrap the parser's record(): which records are the bench sandbox's?"""
+
+        def counted(d: list[Any]) -> Event | None:
+            if d[0] in HEADER_RECORDS:
+                self.headers += 1
+                self.own_headers += d[4] == self.sandbox_cgid
+            return record(d)
+
+        return counted
 
     def _on_event(self, evt: Event) -> None:
         self.evaluated += 1
@@ -109,18 +130,21 @@ class _SensorThread:
     async def _start(self) -> None:
         prefilter = Prefilter(self.engine)
         self.sensor = Sensor(self.engine.event_types(), resolver=self.resolver,
-                             prefilter=prefilter)  # fmt: skip
+                             prefilter=prefilter,
+                             exe_details=needs_exe_details(self.engine))  # fmt: skip
         self.sensor.add_callback(self._on_event)
+        self.sensor.parser.record = self._count(self.sensor.parser.record)  # type: ignore[method-assign]
         await self.sensor.start()
         await self.sensor.wait_ready(READY_TIMEOUT_S)
 
-    async def sample(self) -> tuple[float, float, int]:
-        """(this thread's CPU, bpftrace's CPU, records parsed so far)."""
+    async def sample(self) -> tuple[float, float, int, int, int]:
+        """This thread's CPU, bpftrace's, records so far, header records, the sandbox's."""
         thread_cpu = await self._call(self._thread_time())
         assert self.sensor is not None
         proc = self.sensor._proc
         bpftrace = _process_cpu_s(proc.pid) if proc is not None else 0.0
-        return thread_cpu, bpftrace, self.sensor.parser.stats.records
+        records = self.sensor.parser.stats.records
+        return thread_cpu, bpftrace, records, self.headers, self.own_headers
 
     async def _thread_time(self) -> float:
         return time.thread_time()
@@ -161,14 +185,16 @@ async def _timed(sandbox: Any, cmd: str, sandbox_id: str) -> tuple[float, float]
 
 async def _run_on(
     sensor: _SensorThread, sandbox: Any, cmd: str, sandbox_id: str
-) -> tuple[float, float, float, float, int, int]:
-    py0, bt0, rec0 = await sensor.sample()
+) -> tuple[float, float, float, float, int, int, float]:
+    py0, bt0, rec0, hdr0, own0 = await sensor.sample()
     ev0 = sensor.evaluated
     wall, cpu = await _timed(sandbox, cmd, sandbox_id)
     await asyncio.sleep(0.5)  # let the sensor drain what the step produced
-    py1, bt1, rec1 = await sensor.sample()
+    py1, bt1, rec1, hdr1, own1 = await sensor.sample()
     bpftrace = bt1 - bt0
-    return wall, cpu, py1 - py0 + bpftrace, bpftrace, rec1 - rec0, sensor.evaluated - ev0
+    own_share = (own1 - own0) / max(1, hdr1 - hdr0)
+    return (wall, cpu, py1 - py0 + bpftrace, bpftrace, rec1 - rec0, sensor.evaluated - ev0,
+            own_share)  # fmt: skip
 
 
 def _summarize(name: str, cmd: str, n: int, runs: dict[str, list[Any]]) -> StepResult:
@@ -180,7 +206,11 @@ def _summarize(name: str, cmd: str, n: int, runs: dict[str, list[Any]]) -> StepR
         workload_cpu_off_s=runs["cpu_off"], workload_cpu_on_s=runs["cpu_on"],
         sensor_cpu_s=runs["sensor"], bpftrace_cpu_s=runs["bpftrace"],
         records=runs["records"], events=runs["events"],
+        own_share=runs["own_share"],
         sensor_cpu_ratio=med(runs["sensor"]) / med(runs["cpu_off"]),
+        own_sensor_cpu_ratio=med(
+            [c * share for c, share in zip(runs["sensor"], runs["own_share"], strict=True)]
+        ) / med(runs["cpu_off"]),
         wall_slowdown=wall_on / med(runs["wall_off"]),
         records_per_s=med(runs["records"]) / wall_on,
         events_per_s=med(runs["events"]) / wall_on,
@@ -242,12 +272,12 @@ async def _round(
         runs[name].setdefault("wall_off", []).append(wall)
         runs[name].setdefault("cpu_off", []).append(cpu)
         tick()
-    sensor = _SensorThread(engine, resolver)
+    sensor = _SensorThread(engine, resolver, (parent_dir() / sandbox_id).stat().st_ino)
     try:
         await sensor.start()
         for name, cmd in steps.items():
             values = await _run_on(sensor, sandbox, cmd, sandbox_id)
-            keys = ("wall_on", "cpu_on", "sensor", "bpftrace", "records", "events")
+            keys = ("wall_on", "cpu_on", "sensor", "bpftrace", "records", "events", "own_share")
             for key, value in zip(keys, values, strict=True):
                 runs[name].setdefault(key, []).append(value)
             tick()
@@ -261,6 +291,7 @@ def _ratios(results: list[StepResult]) -> dict[str, float]:
     return {
         "sensor cpu / workload cpu": round(exec_step.sensor_cpu_ratio, 3),
         "sensor cpu / workload cpu (open-heavy)": round(open_step.sensor_cpu_ratio, 3),
+        "sensor cpu / workload cpu (own records only)": round(exec_step.own_sensor_cpu_ratio, 3),
         "wall slowdown": round(exec_step.wall_slowdown, 3),
         "wall slowdown (open-heavy)": round(open_step.wall_slowdown, 3),
     }

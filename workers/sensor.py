@@ -433,7 +433,7 @@ def intake_ssl(config: StackConfig) -> ssl.SSLContext | None:
 async def run_node_sensor(
     config: StackConfig, node: str, *, stop: asyncio.Event | None = None
 ) -> None:
-    from policies.sensor.prefilter import Prefilter
+    from policies.sensor.prefilter import Prefilter, needs_exe_details
     from policies.sensor.sensor import Sensor
     from workers.intake import load_token
 
@@ -450,7 +450,8 @@ async def run_node_sensor(
         str(config.containerd_socket(node)), config.nodes.containerd_namespace
     )
     poster = AlertPoster(intake_url(config), token, ssl_context=intake_ssl(config))
-    sensor = Sensor(types, resolver=containers, prefilter=Prefilter(engine))
+    sensor = Sensor(types, resolver=containers, prefilter=Prefilter(engine),
+                    exe_details=needs_exe_details(engine))  # fmt: skip
     pipeline = NodePipeline(
         engine, containers, poster,
         hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.forget,

@@ -418,7 +418,8 @@ class Parser:
         proc.cap_effective, proc.cap_permitted = cap_eff, cap_prm
         proc.loginuid = signed32(loginuid)
         proc.tty = _encode_dev(tty_major, tty_minor) if tty_major else 0
-        proc.is_exe_from_memfd = exe_name.startswith("memfd:")
+        # No exe record (the rules need none): unknown, not "not from memfd".
+        proc.is_exe_from_memfd = exe_name.startswith("memfd:") if ino is not None else None
         if proc.is_exe_from_memfd:
             proc.exepath = proc.exepath or exe_name
         proc.exe_ino = ino

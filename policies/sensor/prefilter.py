@@ -22,24 +22,59 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies.falco.compiler import compile_predicate, field_refs
-from policies.falco.engine import RuleEngine
+from policies.falco.compiler import (
+    Getter,
+    compile_predicate,
+    field_refs,
+    iter_checks,
+    make_getter,
+    resolve_field,
+)
+from policies.falco.engine import RuleEngine, RuleEntry
 from policies.falco.fieldapi import FieldRegistry
-from policies.falco.grammar import And, BinaryCheck, FieldValue, Node, Not, Or, UnaryCheck
+from policies.falco.grammar import (
+    And,
+    BinaryCheck,
+    FieldRef,
+    FieldValue,
+    Node,
+    Not,
+    Or,
+    UnaryCheck,
+)
 from policies.falco.loader import ItemContext
+from policies.falco.output import ALWAYS_FIELDS
 
 # Known before the post-exec /proc reads: the parser fills them from the records.
 LOCAL_PREFIXES = ("evt.", "fd.")
 LOCAL_FIELDS = frozenset({"proc.name", "proc.exe", "proc.args", "proc.cmdline", "proc.pname",
-                          "proc.pexe", "proc.pcmdline", "proc.aname", "proc.pid", "proc.ppid",
+                          "proc.pexe", "proc.pcmdline", "proc.aname",
                           "container.id", "container.full_id"})  # fmt: skip
+# Different in every event: as keys of the memo they would make every event new,
+# so they count as unknown (which only lets more events through).
+UNIQUE_PREFIXES = ("evt.num", "evt.time", "evt.datetime", "evt.rawtime", "evt.reltime",
+                   "evt.latency", "evt.deltatime", "evt.cpu", "evt.count")  # fmt: skip
+MEMO_SIZE = 8192
 
 # None stands for "always possible": an unknown part needs no code at run time.
 Maybe = Callable[[Any], bool] | None
 
 
 def is_local(name: str) -> bool:
+    if name.startswith(UNIQUE_PREFIXES):
+        return False
     return name.startswith(LOCAL_PREFIXES) or name in LOCAL_FIELDS
+
+
+def _local_refs(node: Node) -> set[FieldRef]:
+    """The fields whose values decide every local check of the node."""
+    refs: set[FieldRef] = set()
+    for check in iter_checks(node):
+        if _checks_local(check):
+            refs.add(check.field)
+            if isinstance(check, BinaryCheck) and isinstance(check.value, FieldValue):
+                refs.add(check.value.field)
+    return refs
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,23 +136,45 @@ def _tri(node: Node, registry: FieldRegistry, ctx: ItemContext | None) -> _Tri:
     return _UNKNOWN  # a macro reference cannot survive expansion; stay safe
 
 
+EXE_DETAIL_FIELDS = ("proc.exe_ino", "proc.is_exe_from_memfd")
+
+
+def needs_exe_details(engine: RuleEngine) -> bool:
+    """Do the active rules' conditions or outputs read the exe's inode or name?"""
+    names = set(ALWAYS_FIELDS)
+    for entry in engine.ruleset.active:
+        names.update(entry.fields)
+        if entry.output is not None:
+            names.update(f.key for f in entry.output.fields)
+    return any(name.startswith(EXE_DETAIL_FIELDS) for name in names)
+
+
 class Prefilter:
-    """``prefilter(evt)`` is False only if no active rule can match ``evt``."""
+    """``prefilter(evt)`` is False only if no active rule can match ``evt``.
+
+    The verdict is a function of the local fields' values alone, so it is
+    memoized on them: the events of a busy step repeat (the same exec, the
+    same library opens), and extracting the values costs a fraction of
+    evaluating the checks.
+    """
 
     def __init__(self, engine: RuleEngine) -> None:
         self._engine = engine
         self._by_rule: dict[str, Maybe] = {}
+        self._refs: dict[str, set[FieldRef]] = {}
         for entry in engine.ruleset.active:
             assert entry.expansion is not None
-            tri = _tri(entry.expansion.node, engine.registry, entry.info.ctx)
-            self._by_rule[entry.name] = tri.may_true
+            node = entry.expansion.node
+            self._by_rule[entry.name] = _tri(node, engine.registry, entry.info.ctx).may_true
+            self._refs[entry.name] = _local_refs(node)
+        self._getters: dict[str | None, list[Getter]] = {}
+        self._memo: dict[tuple[Any, ...], bool] = {}
         self.passed = 0
         self.dropped = 0
 
     def __call__(self, evt: Any) -> bool:
         try:
-            rules = self._engine.candidates(evt)
-            possible = any(self._may_match(entry.name, evt) for entry in rules)
+            possible = self._verdict(evt)
         except Exception:  # an extractor bug: let the engine see it (and log it)
             possible = True
         if possible:
@@ -126,6 +183,33 @@ class Prefilter:
             self.dropped += 1
         return possible
 
+    def _verdict(self, evt: Any) -> bool:
+        rules = self._engine.candidates(evt)
+        if not rules:
+            return False
+        etype = evt.type
+        getters = self._getters.get(etype)
+        if getters is None:
+            getters = self._getters[etype] = self._getters_for(rules)
+        key = (etype, *(_hashable(get(evt)) for get in getters))
+        verdict = self._memo.get(key)
+        if verdict is None:
+            verdict = any(self._may_match(entry.name, evt) for entry in rules)
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = verdict
+        return verdict
+
+    def _getters_for(self, rules: tuple[RuleEntry, ...]) -> list[Getter]:
+        refs = set().union(*(self._refs[entry.name] for entry in rules))
+        ordered = sorted(refs, key=lambda ref: ref.text())
+        registry = self._engine.registry
+        return [make_getter(resolve_field(registry, ref, None)) for ref in ordered]
+
     def _may_match(self, rule: str, evt: Any) -> bool:
         may = self._by_rule[rule]
         return may is None or may(evt)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

@@ -193,12 +193,16 @@ def generate(
     event_types: Iterable[str],
     cfg: FilterConfig,
     available: Callable[[str], bool] = tracepoint_exists,
+    *,
+    exe_details: bool = True,
 ) -> Program:
+    """``exe_details``: the exe's inode and name after each exec (two records per
+    exec; only the ``proc.exe_ino*`` and ``proc.is_exe_from_memfd`` fields need them)."""
     syscalls, unavailable = select_syscalls(event_types, available)
     parts = [_header(), _sched_probes(cfg)]
     for name in syscalls:
         parts.append(_enter_probe(name, cfg))
-        parts.append(_exit_probe(name))
+        parts.append(_exit_probe(name, exe_details))
     return Program("\n".join(parts), tuple(syscalls), tuple(unavailable))
 
 
@@ -280,7 +284,7 @@ def _exit_value(i: int, arg: ArgSpec) -> tuple[list[str], str]:
     return [], f"@a{i}[tid]"
 
 
-def _exit_probe(name: str) -> str:
+def _exit_probe(name: str, exe_details: bool = True) -> str:
     specs = SYSCALLS[name][:N_ARG_MAPS]
     code = CODES[name]
     pre: list[str] = []
@@ -296,7 +300,7 @@ def _exit_probe(name: str) -> str:
         tail = "".join(", " + v for v in values)
         printed = f"  print(({_hdr(REC_SYSCALL)}, {code}, args->ret{tail}));"
     first = ""
-    if name in ("execve", "execveat"):
+    if is_exec and exe_details:
         # Its own program (attached first, so it runs first): in the same one the
         # 200-byte string and the wide tuple overflow the 512-byte BPF stack.
         first = (f"tracepoint:syscalls:sys_exit_{name} /@cg[tid]/ {{\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -37,6 +38,16 @@ TRACEFS = Path("/sys/kernel/tracing")
 MEMLOCK = 8 << 20  # the machine's hard cap; bpftrace wants it raised explicitly
 STREAM_LIMIT = 1 << 20
 READ_CHUNK = 1 << 16
+BATCH_WAIT_S = 0.01  # alert latency it adds is at most this; the budget is 1 s
+PIPE_SIZE = 1 << 20  # Linux's default pipe-max-size
+
+
+def _enlarge_pipe(stream: asyncio.StreamReader) -> None:
+    transport = getattr(stream, "_transport", None)
+    pipe = transport.get_extra_info("pipe") if transport is not None else None
+    if pipe is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
 
 
 @dataclass(slots=True)
@@ -93,6 +104,7 @@ class Sensor:
         map_keys: int = 16384,
         perf_pages: int = 256,
         prefilter: Callable[[Event], bool] | None = None,
+        exe_details: bool = True,
     ) -> None:
         self.event_types = frozenset(event_types)
         self.controller = controller
@@ -100,6 +112,7 @@ class Sensor:
         self.cgroups = cg.CgroupMap(resolver, controller)
         self.table = ProcessTable()
         self.parser = Parser(self.cgroups, self.table, self.event_types, prefilter)
+        self.exe_details = exe_details
         self.stats = SensorStats()
         self.program: pg.Program | None = None
         self._callbacks: list[Callable[[Event], None]] = []
@@ -175,7 +188,7 @@ class Sensor:
         ensure_tracefs()
         self._parent_id = cg.ensure_parent(self.controller)
         cfg = pg.FilterConfig(self._parent_id, cg.subsys_index(self.controller), kn_parent_field())
-        self.program = pg.generate(self.event_types, cfg)
+        self.program = pg.generate(self.event_types, cfg, exe_details=self.exe_details)
         if self.program.unavailable:
             log.warning("sensor: no tracepoint for %s", ", ".join(self.program.unavailable))
         path = Path(self._tmp.name) / "sensor.bt"
@@ -215,7 +228,11 @@ class Sensor:
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         # Whole chunks, split here: a readline per record cost more than the parse.
+        # After a short chunk, wait a moment for more: bpftrace writes each record
+        # on its own, and one event-loop wake-up per few records cost more CPU
+        # than parsing them (the pipe is enlarged so that the wait never blocks it).
         assert proc.stdout is not None
+        _enlarge_pipe(proc.stdout)
         rest = b""
         try:
             while chunk := await proc.stdout.read(READ_CHUNK):
@@ -224,6 +241,8 @@ class Sensor:
                 for line in lines:
                     self._on_line(line)
                 self._sync_stats()
+                if len(chunk) < READ_CHUNK:
+                    await asyncio.sleep(BATCH_WAIT_S)
         finally:
             if self._canary is not None:
                 self._canary.cancel()

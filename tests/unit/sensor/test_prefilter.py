@@ -9,7 +9,7 @@ import pytest
 from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event, FdInfo, Process
 from policies.falco.fields import default_registry
-from policies.sensor.prefilter import Prefilter, is_local
+from policies.sensor.prefilter import Prefilter, is_local, needs_exe_details
 
 REG = default_registry()
 CORRAL_RULES = Path(__file__).resolve().parents[3] / "policies/rules/corral_rules.yaml"
@@ -102,3 +102,24 @@ def test_unknown_fields_never_drop() -> None:
 def test_local_fields() -> None:
     assert is_local("fd.name") and is_local("evt.arg.flags") and is_local("proc.pname")
     assert not is_local("proc.vpid") and not is_local("proc.env") and not is_local("user.name")
+
+
+def test_verdicts_are_memoized_on_local_values(engine: RuleEngine) -> None:
+    pre = Prefilter(engine)
+    first, again = open_event("/usr/lib/libz.so"), open_event("/usr/lib/libz.so")
+    again.num = 2  # evt.num is per event: not part of the key
+    assert pre(first) is False and pre(again) is False
+    assert len(pre._memo) == 1
+    assert pre(open_event("/etc/shadow")) is True and len(pre._memo) == 2
+
+
+def test_exe_details_only_when_a_rule_reads_them(engine: RuleEngine) -> None:
+    assert needs_exe_details(engine) is False
+    memfd = """
+- rule: Exec from memfd
+  desc: d
+  condition: evt.type = execve and proc.is_exe_from_memfd = true
+  output: o %proc.name
+  priority: ERROR
+"""
+    assert needs_exe_details(RuleEngine.from_texts([("r.yaml", memfd)], REG)) is True

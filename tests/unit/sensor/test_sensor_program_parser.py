@@ -30,6 +30,12 @@ def test_generate_filters_on_corral_parent() -> None:
     assert prog.unavailable == ("init_module", "nosuch")
 
 
+def test_exe_records_only_when_asked() -> None:
+    assert "exe_file->f_inode" in pg.generate({"execve"}, CFG, lambda s: True).text
+    lean = pg.generate({"execve"}, CFG, lambda s: True, exe_details=False).text
+    assert "exe_file" not in lean and "sys_exit_execve /@cg[tid]/" in lean
+
+
 def test_dup_pulls_in_fd_producers() -> None:
     chosen, _ = pg.select_syscalls({"dup2"}, lambda s: True)
     assert {"socket", "connect", "accept", "openat"} <= set(chosen)

@@ -152,29 +152,16 @@ class StdinFifo:
             self._fd = -1
 
 
-class ExecPipes:
-    """The FIFOs of one exec, in a private directory removed on close."""
+class _StdinFeeder:
+    """An exec's stdin FIFO (if it has one) and the task that writes it."""
 
-    def __init__(self, exec_id: str, with_stdin: bool, collector: OutputCollector) -> None:
-        FIFO_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{exec_id}-", dir=FIFO_ROOT))
-        self.collector = collector
-        self.stdout = OutputFifo(self.dir / "stdout", "stdout", collector)
-        self.stderr = OutputFifo(self.dir / "stderr", "stderr", collector)
-        self.stdin = StdinFifo(self.dir / "stdin") if with_stdin else None
+    def __init__(self, stdin: StdinFifo | None) -> None:
+        self.stdin = stdin
         self._stdin_task: asyncio.Task[None] | None = None
 
     @property
     def stdin_path(self) -> str:
         return str(self.stdin.path) if self.stdin else ""
-
-    @property
-    def stdout_path(self) -> str:
-        return str(self.stdout.path)
-
-    @property
-    def stderr_path(self) -> str:
-        return str(self.stderr.path)
 
     def feed_stdin(self, data: bytes, then: Callable[[], Awaitable[None]]) -> None:
         """Send ``data`` in the background, then call ``then`` (which closes the shim's side).
@@ -193,6 +180,34 @@ class ExecPipes:
 
         self._stdin_task = asyncio.ensure_future(send_then_close())
 
+    async def _close_stdin(self) -> None:
+        if self._stdin_task is not None and not self._stdin_task.done():
+            self._stdin_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await self._stdin_task
+        if self.stdin is not None:
+            self.stdin.close()
+
+
+class ExecPipes(_StdinFeeder):
+    """The FIFOs of one exec, in a private directory removed on close."""
+
+    def __init__(self, exec_id: str, with_stdin: bool, collector: OutputCollector) -> None:
+        FIFO_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{exec_id}-", dir=FIFO_ROOT))
+        self.collector = collector
+        self.stdout = OutputFifo(self.dir / "stdout", "stdout", collector)
+        self.stderr = OutputFifo(self.dir / "stderr", "stderr", collector)
+        super().__init__(StdinFifo(self.dir / "stdin") if with_stdin else None)
+
+    @property
+    def stdout_path(self) -> str:
+        return str(self.stdout.path)
+
+    @property
+    def stderr_path(self) -> str:
+        return str(self.stderr.path)
+
     async def drain(self, grace_s: float) -> bool:
         """After the process exited: wait up to ``grace_s`` for both EOFs; False if cut short.
 
@@ -208,19 +223,14 @@ class ExecPipes:
         return True
 
     async def close(self) -> None:
-        if self._stdin_task is not None and not self._stdin_task.done():
-            self._stdin_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await self._stdin_task
-        if self.stdin is not None:
-            self.stdin.close()
+        await self._close_stdin()
         self.stdout.close()
         self.stderr.close()
         await self.collector.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class ExecFiles:
+class ExecFiles(_StdinFeeder):
     """An exec's stdout and stderr as regular files the shim appends to, and its end as a file.
 
     The shim, not this process, holds the output: a worker that dies while
@@ -230,9 +240,8 @@ class ExecFiles:
     """
 
     def __init__(self, directory: Path) -> None:
+        super().__init__(None)
         self.dir = directory
-        self.stdin: StdinFifo | None = None
-        self._stdin_task: asyncio.Task[None] | None = None
 
     @classmethod
     def create(cls, directory: Path, with_stdin: bool) -> ExecFiles:
@@ -253,10 +262,6 @@ class ExecFiles:
         return (self.dir / "stdout").exists()
 
     @property
-    def stdin_path(self) -> str:
-        return str(self.stdin.path) if self.stdin else ""
-
-    @property
     def stdout_path(self) -> str:
         return str(self.dir / "stdout")
 
@@ -264,27 +269,12 @@ class ExecFiles:
     def stderr_path(self) -> str:
         return str(self.dir / "stderr")
 
-    def feed_stdin(self, data: bytes, then: Callable[[], Awaitable[None]]) -> None:
-        if self.stdin is None:
-            return
-        stdin = self.stdin
-
-        async def send_then_close() -> None:
-            await stdin.send(data)
-            await then()
-
-        self._stdin_task = asyncio.ensure_future(send_then_close())
-
     async def drain(self, grace_s: float) -> bool:
         return True  # the shim flushes the files before DeleteProcess returns
 
     async def close(self) -> None:
-        if self._stdin_task is not None and not self._stdin_task.done():
-            self._stdin_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await self._stdin_task
+        await self._close_stdin()
         if self.stdin is not None:
-            self.stdin.close()
             self.stdin.path.unlink(missing_ok=True)
 
     def record_end(self, exit_code: int, timed_out: bool) -> None:

@@ -1,23 +1,26 @@
 """On-call in a real browser: headless Chromium (Debian's `chromium`) on the Web UI.
 
-A write below /bin quarantines an episode on the session stack; the browser
-then finds it with the `EpisodeState` filter on-call bookmarks
-(docs/oncall.md), and its page shows what on-call needs to decide: the
-state, the node, the Falco rule and the reason. Chromium is driven over the
-DevTools protocol (a websocket), reading the page's rendered text.
+A write below /bin quarantines an episode on a one-node stack of this
+module's own; the browser then finds it with the `EpisodeState` filter
+on-call bookmarks (docs/oncall.md), and its page shows what on-call needs to
+decide: the state, the node and the Falco rule (search attributes), the
+reason (memo) and the summary the SDK wrote (history). Chromium is driven
+over the DevTools protocol (a websocket), reading the page's rendered text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import shutil
 import signal
 import socket
+import tempfile
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,8 @@ import pytest_asyncio
 
 from corral import Corral, Episode
 from tests.integration import conftest as integration
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import REPO, wait_for
+from workers.config import StackConfig, load_config
 from workers.stack import Stack
 
 pytestmark = [
@@ -41,9 +45,7 @@ CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-# The session stack of the integration tests, shared (fixtures found by name here).
-stack_config, stack, corral = integration.stack_config, integration.stack, integration.corral
-PAGE_CAP_S = 60.0  # a cap so a broken UI fails instead of hanging; not a target
+PAGE_CAP_S = 180.0  # a cap so a broken UI fails instead of hanging; not a target
 
 
 class Page:
@@ -82,7 +84,12 @@ class Page:
             if done(text):
                 return text
             await asyncio.sleep(0.5)
-        raise AssertionError(f"page never showed what was expected; it showed:\n{text[:3000]}")
+        where = await self.call(
+            "Runtime.evaluate", expression="location.href + ' ' + document.readyState",
+            returnByValue=True,
+        )  # fmt: skip
+        shown = " ".join(text.split())[:3000]
+        raise AssertionError(f"{where['result'].get('value')} never showed it; it showed: {shown}")
 
 
 def _free_port() -> int:
@@ -104,6 +111,38 @@ async def _page_socket(http: aiohttp.ClientSession, port: int) -> str:
             pass
         await asyncio.sleep(0.3)
     raise AssertionError(f"chromium's DevTools did not answer on port {port}")
+
+
+@pytest.fixture(scope="module")
+def webui_config() -> Iterator[StackConfig]:
+    """A one-node stack of this module's own (ports 47233... + the test offset), so
+    that it runs beside the integration session's stack, also in one pytest run."""
+    offset = int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
+    ports = {
+        "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{47233 + offset}",
+        "CORRAL_TEMPORAL_UI_PORT": str(48233 + offset),
+        "CORRAL_TEMPORAL_METRICS_PORT": str(49233 + offset),
+        "CORRAL_METRICS_PORT_BASE": str(49460 + offset),
+        "CORRAL_INTAKE_PORT": str(48765 + offset),
+    }
+    state = tempfile.mkdtemp(prefix="corral-webui-", dir="/tmp")
+    env = {**integration.TEST_ENV, **ports, "CORRAL_NODES": "1", "CORRAL_STATE_DIR": state}
+    with pytest.MonkeyPatch.context() as patch:  # the stack's processes inherit these
+        for key, value in env.items():
+            patch.setenv(key, value)
+        yield load_config(REPO / "temporal-dev.yaml")
+
+
+@pytest_asyncio.fixture(scope="module")
+async def webui_stack(webui_config: StackConfig) -> AsyncIterator[Stack]:
+    stack = Stack(webui_config)
+    try:
+        await stack.up()
+        yield stack
+        leftovers = await integration.sandboxes_left(webui_config)
+    finally:
+        await stack.down()
+    assert not leftovers, f"the web UI test left sandboxes behind: {leftovers}"
 
 
 @pytest_asyncio.fixture
@@ -139,24 +178,40 @@ async def _quarantined(corral: Corral) -> Episode:
 
 
 async def test_oncall_finds_a_quarantined_episode_and_sees_why(
-    stack: Stack, corral: Corral, page: Page
+    webui_stack: Stack, page: Page
 ) -> None:
+    stack = webui_stack
+    async with await Corral.connect(stack.config) as corral:
+        await _quarantined_and_seen(stack, corral, page)
+
+
+async def _quarantined_and_seen(stack: Stack, corral: Corral, page: Page) -> None:
     episode = await _quarantined(corral)
     try:
         status = await episode.status()
+        assert status.state == "quarantined" and RULE in status.reason, status
         ui = stack.config.ui_url
         query = urllib.parse.quote(QUARANTINED)
         await page.goto(f"{ui}?query={query}")
         await page.wait_text(lambda text: episode.id in text)
 
         run_id = (await corral.client.get_workflow_handle(episode.id).describe()).run_id
-        await page.goto(f"{ui}/{episode.id}/{run_id}/history")
-        needs = ["quarantined", status.node, RULE, status.reason]
-        text = await page.wait_text(lambda text: all(n in text for n in needs))
-        assert "busybox" in text  # the summary the SDK wrote at start
+        # The episode's page has a tab per view (the tab is in the URL).
+        views = {
+            "search-attributes": ("quarantined", status.node, RULE),
+            "memo": (status.reason,),  # the same fields as the current details
+            "history": ("busybox: 0 steps",),  # the summary the SDK wrote at start
+        }
+        for view, needs in views.items():
+            await page.goto(f"{ui}/{episode.id}/{run_id}/{view}")
+            await page.wait_text(functools.partial(_shows_all, needs))
     finally:
         await episode.kill(reason="web UI test done", by="test")
         await asyncio.wait_for(_ended(episode), PAGE_CAP_S)
+
+
+def _shows_all(needs: tuple[str, ...], text: str) -> bool:
+    return all(need in text for need in needs)
 
 
 async def _ended(episode: Episode) -> None:
@@ -167,5 +222,5 @@ async def _ended(episode: Episode) -> None:
 
 
 def test_the_oncall_doc_bookmarks_the_filter_used_here() -> None:
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "oncall.md").read_text()
+    doc = (REPO / "docs" / "oncall.md").read_text()
     assert f"/workflows?query={urllib.parse.quote(QUARANTINED)}" in doc

@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from corral.bench import _memory_used_mb, _percentile, _ratio
-from corral.bench_elastic import destroy_all, idle_spec
-from sandbox import Containerd, SandboxSpec
+from corral.bench_elastic import destroy_all
+from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from sandbox.spec import cgroups_path
 from workers.config import StackConfig
 
@@ -56,9 +56,10 @@ class DefenseReport(BaseModel):
 
 
 def variant_spec(tag: str, index: int, variant: str, group: int = 1) -> SandboxSpec:
-    """The idle sandbox of the other benches, with ``variant``'s features switched."""
-    base = idle_spec(tag, index, group)
-    return SandboxSpec.model_validate({**base.model_dump(), **VARIANTS[variant]})
+    """A small idle busybox sandbox (shims shared by ``group``) with ``variant``'s features."""
+    shim = f"defense-{tag}-{index // group}" if group > 1 else None
+    fields = {"memory_mb": 64, "tmpfs_mb": 8, "shim_group": shim, "labels": {"corral.bench": tag}}
+    return SandboxSpec.model_validate({"image": BUSYBOX_IMAGE, **fields, **VARIANTS[variant]})
 
 
 async def _create_start_series(

@@ -51,14 +51,15 @@ class IdleSet(BaseModel):
     rate: list[RatePoint] = Field(default_factory=list)
 
 
-def idle_spec(tag: str, index: int, group: int, command: list[str] | None = None) -> SandboxSpec:
-    """An idle sandbox as the warm pool and elastic episodes have it (weight 2)."""
+def idle_spec(tag: str, shim: int | None, command: list[str] | None = None) -> SandboxSpec:
+    """An idle sandbox as the warm pool and elastic episodes have it (weight 2),
+    in shim group `shim` (None: a shim of its own)."""
     return SandboxSpec(
         image=BUSYBOX_IMAGE,
         memory_mb=64,
         tmpfs_mb=8,
         cpu_shares=IDLE_SHARES,
-        shim_group=f"idle-{tag}-{index // group}" if group > 1 else None,
+        shim_group=f"idle-{tag}-{shim}" if shim is not None else None,
         labels={"corral.bench": tag},
         **({"command": command} if command else {}),
     )
@@ -78,6 +79,14 @@ async def create_idle(
     tag = uuid.uuid4().hex[:8]
     held = IdleSet()
     done_at: list[float] = []
+    # Round-robin over the groups: a shim serves one Tasks.Create at a time (runc
+    # shim v2 holds its service lock through runc create), so creates in flight at
+    # once must land in different shims or they queue behind each other.
+    groups = -(-n // group)
+
+    def shim_of(i: int) -> int | None:
+        return i % groups if group > 1 else None
+
     limit = asyncio.Semaphore(concurrency)
 
     async def make(i: int) -> None:
@@ -85,7 +94,7 @@ async def create_idle(
         command = ["sh", "-c", SPIN] if i < spinning else None
         async with limit:
             try:
-                await raw.create_sandbox(sandbox_id, idle_spec(tag, i, group, command))
+                await raw.create_sandbox(sandbox_id, idle_spec(tag, shim_of(i), command))
                 held.ids.append(sandbox_id)
                 done_at.append(time.perf_counter())
             except Exception:
@@ -171,7 +180,8 @@ async def run_elastic(
             held = await create_idle(raw, idle, group=group, spinning=spinning, tick=tick)
             created = len(held.ids)
             await asyncio.sleep(QUIET_S)
-            idle_ms, busy_ms, beside = await _measure_beside_idle(raw, cpu, boxes, held, window_s)
+            beside = await _busy_steps(cpu, boxes, window_s)
+            idle_ms, busy_ms = await _first_steps(raw, cpu, boxes, held, window_s)
             await destroy_all(raw, held.ids)
             held.ids = []  # removed; `idle_created` below was counted at creation
             # Alone again after: the mean of before and after cancels slow drift in
@@ -201,19 +211,19 @@ async def run_elastic(
     )
 
 
-async def _measure_beside_idle(
+async def _first_steps(
     raw: Containerd, cpu: ElasticCpu, boxes: list[Sandbox], held: IdleSet, window_s: float
-) -> tuple[float, float, int]:
-    """The busy loop beside the idle set, with first steps in idle sandboxes and
-    short steps in busy ones sampled meanwhile: (idle p50 ms, busy p50 ms, steps)."""
+) -> tuple[float, float]:
+    """While the busy loop runs (uncounted: the samples cost CPU too), the first
+    step of 20 idle sandboxes and a short step of busy ones: (idle p50, busy p50) ms."""
     loop = asyncio.create_task(_busy_steps(cpu, boxes, window_s))
     samples = held.ids[:: max(1, len(held.ids) // 20)][:20]
     idle_ms, busy_ms = [], []
     for index, sandbox_id in enumerate(samples):
         idle_ms.append(await _round_trip_ms(cpu, await raw.get_sandbox(sandbox_id)))
         busy_ms.append(await _round_trip_ms(cpu, boxes[index % len(boxes)]))
-    steps = await loop
-    return _p50(idle_ms), _p50(busy_ms), steps
+    await loop
+    return _p50(idle_ms), _p50(busy_ms)
 
 
 async def _busy_steps(cpu: ElasticCpu, boxes: list[Sandbox], window_s: float) -> int:

@@ -176,11 +176,13 @@ class Stack:
         path.write_text(json.dumps({"nodes": count, "role": role, "overrides": self._overrides}))
 
     def local_nodes(self) -> list[str]:
-        """The nodes this machine runs: all of them, or (control role) those joined here."""
+        """The nodes this machine runs: all of them, or (control role) those started here
+        with `node_up` and not stopped since (a killed one still counts: it crashed)."""
         with contextlib.suppress(OSError, ValueError):
             role = json.loads((self.config.state / STACK_FILE).read_text()).get("role", "all")
             if role == "control":
-                return [n for n in self.config.node_names() if self.config.node_dir(n).exists()]
+                names = self.config.node_names()
+                return [n for n in names if self.process(f"node-worker-{n}").pid_file.exists()]
         return self.config.node_names()
 
     def _override(self, section: str, **values: Any) -> None:

@@ -3,14 +3,14 @@
 import asyncio
 import os
 
-from corral import Corral, EpisodeFileNotFound, EpisodeSpec
+from corral import Corral, EpisodeFileNotFound
 
 
 async def main() -> None:
     async with await Corral.connect() as corral:
         # No steps: the episode waits for requests. Leaving `async with` finishes
         # it (runs the reward); an exception in the block cancels it instead.
-        spec = EpisodeSpec(image="busybox", reward="cat /workspace/score")
+        spec = {"image": "busybox", "reward": "cat /workspace/score"}  # or an EpisodeSpec
         async with await corral.start_episode(spec) as episode:
             result = await episode.exec(["sh", "-c", "echo 0.75 > /workspace/score"])
             print(result.exit_code, result.stdout)
@@ -24,7 +24,7 @@ async def main() -> None:
         print(final.outcome, final.reward.stdout if final.reward else None)
 
         # A batch: results stream back as episodes end.
-        batch = EpisodeSpec(image="busybox", steps=["echo hi"])
+        batch = {"image": "busybox", "steps": ["echo hi"]}
         async for r in corral.run_batch(batch, n=20, concurrency=4):
             print(r.episode_id, r.outcome)
 

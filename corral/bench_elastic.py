@@ -146,7 +146,8 @@ class ElasticReport(BaseModel):
     idle: int
     idle_spinning: int
     window_s: float
-    busy_steps_alone: int
+    busy_steps_alone: int  # the mean of the windows before and after
+    busy_steps_alone_windows: list[int]
     busy_steps_with_idle: int
     idle_created: int
     idle_create_wall_s: float
@@ -186,7 +187,8 @@ async def run_elastic(
             held.ids = []  # removed; `idle_created` below was counted at creation
             # Alone again after: the mean of before and after cancels slow drift in
             # the rest of the machine's load (a shared machine is never quiet).
-            alone = round((before + await _busy_steps(cpu, boxes, window_s)) / 2)
+            after = await _busy_steps(cpu, boxes, window_s)
+            alone = round((before + after) / 2)
         finally:
             await destroy_all(raw, workers.ids + held.ids)
     return ElasticReport(
@@ -195,6 +197,7 @@ async def run_elastic(
         idle_spinning=spinning,
         window_s=window_s,
         busy_steps_alone=alone,
+        busy_steps_alone_windows=[before, after],
         busy_steps_with_idle=beside,
         idle_created=created,
         idle_create_wall_s=held.wall_s,

@@ -156,6 +156,7 @@ class EpisodeWorkflow:
         self._avoid: list[str] = []  # nodes lost or full under this episode
         self._admission = Admission(held=self._s.admission_held)
         self._failure_type = ""  # overrides the outcome's error type (a rejection)
+        self._outcome = ""  # how the episode ends, once it is closing
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -742,7 +743,7 @@ class EpisodeWorkflow:
         episode = workflow.info().workflow_id
         if self._s.kill is not None or self._s.closing:
             why = self._s.kill.reason if self._s.kill else self._s.reason
-            how = self._s.kill.outcome if self._s.kill else self._s.state
+            how = self._s.kill.outcome if self._s.kill else self._outcome
             raise ApplicationError(
                 f"episode {episode} has ended: {how}" + (f": {why}" if why else ""),
                 {"outcome": how, "reason": why},
@@ -786,7 +787,7 @@ class EpisodeWorkflow:
 
     # ------------------------------------------------------------- closing
     async def _close(self, outcome: str, reason: str, reward: StepResult | None) -> EpisodeResult:
-        self._s.reason = reason
+        self._s.reason, self._outcome = reason, outcome
         self._s.closing = True
         self._set_state("closing")
         info = workflow.info()

@@ -8,15 +8,15 @@ import shutil
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from sensor_helpers import FakeSandbox
 
 from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
-from policies.sensor.cgroups import DictResolver, parent_dir
+from policies.sensor.cgroups import DictResolver
 from policies.sensor.sensor import Sensor
 
 pytestmark = [
@@ -32,28 +32,6 @@ def field(evt: Event, name: str, arg: str | int | None = None) -> object:
     spec = REG.get(name)
     assert spec is not None
     return spec.extractor(evt, arg)
-
-
-class FakeSandbox:
-    """A v1 cgroup /corral/<id> in the sensor's controller; processes join by pid."""
-
-    def __init__(self) -> None:
-        self.full_id = uuid.uuid4().hex + uuid.uuid4().hex
-        self.path = parent_dir() / self.full_id
-        self.path.mkdir(parents=True)
-
-    def run(self, cmd: str) -> subprocess.CompletedProcess[str]:
-        # The shell moves itself into the cgroup before running the command.
-        script = f"echo $$ > {self.path}/cgroup.procs && {cmd}"
-        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
-
-    def remove(self) -> None:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
 
 
 @pytest.fixture

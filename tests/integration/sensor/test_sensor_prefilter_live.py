@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sensor_helpers import FakeSandbox
 
 from policies.falco.engine import Match, RuleEngine
 from policies.falco.event import ContainerInfo, Event
@@ -18,7 +19,6 @@ from policies.falco.fields import default_registry
 from policies.sensor.cgroups import DictResolver
 from policies.sensor.prefilter import Prefilter, needs_exe_details
 from policies.sensor.sensor import Sensor
-from tests.integration.sensor.test_sensor_live import FakeSandbox
 
 pytestmark = [
     pytest.mark.integration,

@@ -88,9 +88,11 @@ async def start_sensor(
     engine: RuleEngine, resolver: SandboxResolver, on_event: Callable[[Event], None], say: Say
 ) -> Any:
     """An in-process bpftrace sensor for the engine's event types, ready to use."""
-    from policies.sensor.sensor import Sensor
+    from policies.sensor.prefilter import sensor_for
 
-    sensor = Sensor(engine.event_types(), resolver=resolver)
+    # The node sensor's own path (prefilter included), so a test case proves
+    # what production runs.
+    sensor = sensor_for(engine, resolver)
     sensor.add_callback(on_event)
     say(f"starting the sensor ({len(engine.event_types())} event types; bpftrace compiles)")
     await sensor.start()

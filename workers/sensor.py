@@ -433,8 +433,7 @@ def intake_ssl(config: StackConfig) -> ssl.SSLContext | None:
 async def run_node_sensor(
     config: StackConfig, node: str, *, stop: asyncio.Event | None = None
 ) -> None:
-    from policies.sensor.prefilter import Prefilter, needs_exe_details
-    from policies.sensor.sensor import Sensor
+    from policies.sensor.prefilter import sensor_for
     from workers.intake import load_token
 
     if node not in config.node_names():
@@ -450,8 +449,7 @@ async def run_node_sensor(
         str(config.containerd_socket(node)), config.nodes.containerd_namespace
     )
     poster = AlertPoster(intake_url(config), token, ssl_context=intake_ssl(config))
-    sensor = Sensor(types, resolver=containers, prefilter=Prefilter(engine),
-                    exe_details=needs_exe_details(engine))  # fmt: skip
+    sensor = sensor_for(engine, containers)
     pipeline = NodePipeline(
         engine, containers, poster,
         hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.forget,

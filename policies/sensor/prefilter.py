@@ -213,3 +213,16 @@ class Prefilter:
 
 def _hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
+
+
+def sensor_for(engine: RuleEngine, resolver: Any = None) -> Any:
+    """A sensor that traces the engine's event types and forwards only the events
+    some loaded rule may match: the node sensor and `corral policy test` alike."""
+    from policies.sensor.sensor import Sensor
+
+    return Sensor(
+        engine.event_types(),
+        resolver=resolver,
+        prefilter=Prefilter(engine),
+        exe_details=needs_exe_details(engine),
+    )

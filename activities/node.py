@@ -420,8 +420,9 @@ class NodeActivities:
         return _step_result(input, raw.decoded(), started_at)
 
     def _interrupted(self, input: ExecStepInput, started_at: datetime, cause: str) -> StepResult:
-        activity.logger.warning("step %s of %s interrupted: %s", input.index, input.sandbox_id,
-                                cause)
+        activity.logger.warning(
+            "step %s of %s interrupted: %s", input.index, input.sandbox_id, cause
+        )
         return StepResult(
             index=input.index,
             cmd=input.step.display(),

@@ -67,9 +67,14 @@ Undo = Callable[[], Awaitable[Any]]
 class Containerd:
     """Async client for one containerd namespace. Use ``await Containerd.connect(socket)``."""
 
-    def __init__(self, conn: Connection, *, network_state_dir: Path | None = None,
-                 workspace_root: Path | None = None,
-                 uid_pool: userns.UidPool | None = None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        network_state_dir: Path | None = None,
+        workspace_root: Path | None = None,
+        uid_pool: userns.UidPool | None = None,
+    ) -> None:
         self._conn = conn
         self.images = ImageStore(conn)
         self.pulls = Puller(self.images, conn)  # registry images on first use
@@ -85,12 +90,18 @@ class Containerd:
         self.uid_pool = uid_pool or userns.UidPool()
 
     @classmethod
-    async def connect(cls, socket: str, namespace: str = "corral", *,
-                      snapshotter: str = DEFAULT_SNAPSHOTTER, runc_root: str | None = None,
-                      network_state_dir: str | Path | None = None,
-                      workspace_root: str | Path | None = None,
-                      uid_pool: userns.UidPool | None = None,
-                      timeout_s: float = 5.0) -> Containerd:
+    async def connect(
+        cls,
+        socket: str,
+        namespace: str = "corral",
+        *,
+        snapshotter: str = DEFAULT_SNAPSHOTTER,
+        runc_root: str | None = None,
+        network_state_dir: str | Path | None = None,
+        workspace_root: str | Path | None = None,
+        uid_pool: userns.UidPool | None = None,
+        timeout_s: float = 5.0,
+    ) -> Containerd:
         """Connect to containerd at ``socket``.
 
         runc state goes to ``runc_root`` (default: ``runc/`` beside the socket,
@@ -112,9 +123,12 @@ class Containerd:
         except grpc.aio.AioRpcError as err:
             await conn.close()
             raise map_grpc_error(err, f"namespace {namespace!r} at {socket}") from err
-        return cls(conn, network_state_dir=Path(network_state_dir) if network_state_dir else None,
-                   workspace_root=Path(workspace_root) if workspace_root else None,
-                   uid_pool=uid_pool)
+        return cls(
+            conn,
+            network_state_dir=Path(network_state_dir) if network_state_dir else None,
+            workspace_root=Path(workspace_root) if workspace_root else None,
+            uid_pool=uid_pool,
+        )
 
     @property
     def namespace(self) -> str:
@@ -146,8 +160,9 @@ class Containerd:
         return str(resp.version)
 
     # -- create ----------------------------------------------------------------
-    async def create_sandbox(self, sandbox_id: str, spec: SandboxSpec,
-                             labels: dict[str, str] | None = None) -> Sandbox:
+    async def create_sandbox(
+        self, sandbox_id: str, spec: SandboxSpec, labels: dict[str, str] | None = None
+    ) -> Sandbox:
         """Create and start a sandbox; return the existing one if it is already alive."""
         validate_sandbox_id(sandbox_id)
         _check_host_support(spec)
@@ -159,13 +174,19 @@ class Containerd:
             if existing is not None:
                 return existing
             image = await self.images.get(spec.image)
-            all_labels = {**spec.labels, **(labels or {}), SANDBOX_LABEL: "1",
-                          IMAGE_LABEL: image.name, RUNTIME_LABEL: spec.runtime,
-                          NETWORK_LABEL: spec.network}
+            all_labels = {
+                **spec.labels,
+                **(labels or {}),
+                SANDBOX_LABEL: "1",
+                IMAGE_LABEL: image.name,
+                RUNTIME_LABEL: spec.runtime,
+                NETWORK_LABEL: spec.network,
+            }
             if spec.shim_group:
                 all_labels[SHIM_GROUP_LABEL] = spec.shim_group
-            return await self._provision(sandbox_id, spec, image.name,
-                                         image.chain_id or "", all_labels)
+            return await self._provision(
+                sandbox_id, spec, image.name, image.chain_id or "", all_labels
+            )
 
     async def _alive_sandbox(self, sandbox_id: str, spec: SandboxSpec) -> Sandbox | None:
         """The sandbox if its task is alive; a half-made one is cleaned up first.
@@ -180,9 +201,13 @@ class Containerd:
             if task is not None and task.status in ALIVE:
                 if spec.network == "allowlist":
                     try:
-                        await network.attach_network(sandbox_id, task.pid, spec.egress,
-                                                     self.network_state_dir,
-                                                     rate_mbit=spec.egress_mbit)
+                        await network.attach_network(
+                            sandbox_id,
+                            task.pid,
+                            spec.egress,
+                            self.network_state_dir,
+                            rate_mbit=spec.egress_mbit,
+                        )
                     except SandboxError:
                         await self.destroy_sandbox(sandbox_id)
                         raise
@@ -190,8 +215,9 @@ class Containerd:
         await self.destroy_sandbox(sandbox_id)  # half-made, stopped, or a leftover snapshot
         return None
 
-    async def _provision(self, sandbox_id: str, spec: SandboxSpec, image: str, chain_id: str,
-                         labels: dict[str, str]) -> Sandbox:
+    async def _provision(
+        self, sandbox_id: str, spec: SandboxSpec, image: str, chain_id: str, labels: dict[str, str]
+    ) -> Sandbox:
         conn = self._conn
         undo_stack: list[Undo] = []
         step = "lease"
@@ -207,17 +233,24 @@ class Containerd:
             workspace = None
             if spec.workspace_mb is not None:
                 step = "workspace"
-                undo_stack.append(lambda: volumes.remove_workspace(self.workspace_root,
-                                                                   sandbox_id))
+                undo_stack.append(lambda: volumes.remove_workspace(self.workspace_root, sandbox_id))
                 uid, gid = userns.host_owner(mapping, parse_user(spec.user))
-                workspace = str(await volumes.create_workspace(
-                    self.workspace_root, sandbox_id, spec.workspace_mb, uid, gid))
+                workspace = str(
+                    await volumes.create_workspace(
+                        self.workspace_root, sandbox_id, spec.workspace_mb, uid, gid
+                    )
+                )
             step = "container"
-            oci_spec = build_oci_spec(sandbox_id, spec, workspace_source=workspace,
-                                      userns=mapping,
-                                      io_device=quota.block_device(self._containerd_root))
-            container = _container_record(sandbox_id, spec, image, labels, oci_spec,
-                                          conn.snapshotter, conn.runc_root)
+            oci_spec = build_oci_spec(
+                sandbox_id,
+                spec,
+                workspace_source=workspace,
+                userns=mapping,
+                io_device=quota.block_device(self._containerd_root),
+            )
+            container = _container_record(
+                sandbox_id, spec, image, labels, oci_spec, conn.snapshotter, conn.runc_root
+            )
             await conn.containers.Create(
                 containers_pb2.CreateContainerRequest(container=container), metadata=conn.md(lease)
             )
@@ -233,15 +266,22 @@ class Containerd:
                 # exec it and exits. Look for it in the mounted rootfs first instead.
                 _check_command(sandbox_id, self._bundles / sandbox_id / "rootfs", spec)
             step = "start"
-            started = await conn.tasks.Start(tasks_pb2.StartRequest(container_id=sandbox_id),
-                                             metadata=conn.md())
+            started = await conn.tasks.Start(
+                tasks_pb2.StartRequest(container_id=sandbox_id), metadata=conn.md()
+            )
             if spec.network == "allowlist":
                 step = "network"
                 # Undo before the call: a half-made attachment is removed by detach too.
-                undo_stack.append(lambda: network.detach_network(sandbox_id,
-                                                                 self.network_state_dir))
-                await network.attach_network(sandbox_id, started.pid, spec.egress,
-                                             self.network_state_dir, rate_mbit=spec.egress_mbit)
+                undo_stack.append(
+                    lambda: network.detach_network(sandbox_id, self.network_state_dir)
+                )
+                await network.attach_network(
+                    sandbox_id,
+                    started.pid,
+                    spec.egress,
+                    self.network_state_dir,
+                    rate_mbit=spec.egress_mbit,
+                )
         except (grpc.aio.AioRpcError, SandboxError) as err:
             await _roll_back(undo_stack)
             raise _start_error(sandbox_id, step, err) from err
@@ -249,13 +289,22 @@ class Containerd:
             await asyncio.shield(_roll_back(undo_stack))
             raise
         await conn.delete_lease(lease)  # the container now references the snapshot
-        return Sandbox(self, conn, sandbox_id, image=image, labels=labels,
-                       process=oci_spec["process"])
+        return Sandbox(
+            self, conn, sandbox_id, image=image, labels=labels, process=oci_spec["process"]
+        )
 
-    async def _prepare_snapshot(self, sandbox_id: str, chain_id: str, image: str,
-                                lease: str, mapping: userns.IdMapping | None) -> Sequence[Any]:
+    async def _prepare_snapshot(
+        self,
+        sandbox_id: str,
+        chain_id: str,
+        image: str,
+        lease: str,
+        mapping: userns.IdMapping | None,
+    ) -> Sequence[Any]:
         request = snapshots_pb2.PrepareSnapshotRequest(
-            snapshotter=self._conn.snapshotter, key=sandbox_id, parent=chain_id,
+            snapshotter=self._conn.snapshotter,
+            key=sandbox_id,
+            parent=chain_id,
             labels={SANDBOX_LABEL: sandbox_id},
         )
         try:
@@ -269,13 +318,13 @@ class Containerd:
             info = await self.images.get(image)
             request.parent = await self.images.ensure_unpacked(info)
             if mapping is not None:
-                request.parent = await self._remapped_parent(request.parent, image, mapping,
-                                                             lease)
+                request.parent = await self._remapped_parent(request.parent, image, mapping, lease)
             resp = await self._conn.snapshots.Prepare(request, metadata=self._conn.md(lease))
         return list(resp.mounts)
 
-    async def _remapped_parent(self, chain_id: str, image: str, mapping: userns.IdMapping,
-                               lease: str) -> str:
+    async def _remapped_parent(
+        self, chain_id: str, image: str, mapping: userns.IdMapping, lease: str
+    ) -> str:
         """The image's chain chowned into ``mapping``'s range, made once (sandbox.userns)."""
         key = chain_id + mapping.snapshot_suffix
         async with self._id_locks.hold(key):
@@ -284,23 +333,38 @@ class Containerd:
             scratch = self.workspace_root.parent / "remap"
             prepare_key = f"{key}-prepare"
             with contextlib.suppress(grpc.aio.AioRpcError):  # a crashed earlier attempt
-                await self._conn.snapshots.Remove(snapshots_pb2.RemoveSnapshotRequest(
-                    snapshotter=self._conn.snapshotter, key=prepare_key), metadata=self._conn.md())
-            resp = await self._conn.snapshots.Prepare(snapshots_pb2.PrepareSnapshotRequest(
-                snapshotter=self._conn.snapshotter, key=prepare_key, parent=chain_id),
-                metadata=self._conn.md(lease))
+                await self._conn.snapshots.Remove(
+                    snapshots_pb2.RemoveSnapshotRequest(
+                        snapshotter=self._conn.snapshotter, key=prepare_key
+                    ),
+                    metadata=self._conn.md(),
+                )
+            resp = await self._conn.snapshots.Prepare(
+                snapshots_pb2.PrepareSnapshotRequest(
+                    snapshotter=self._conn.snapshotter, key=prepare_key, parent=chain_id
+                ),
+                metadata=self._conn.md(lease),
+            )
             try:
                 await userns.shift_mounted(resp.mounts, mapping, scratch)
-                await self._conn.snapshots.Commit(snapshots_pb2.CommitSnapshotRequest(
-                    snapshotter=self._conn.snapshotter, name=key, key=prepare_key,
-                    labels={userns.REMAP_LABEL: str(mapping.host_id)}),
-                    metadata=self._conn.md(lease))
+                await self._conn.snapshots.Commit(
+                    snapshots_pb2.CommitSnapshotRequest(
+                        snapshotter=self._conn.snapshotter,
+                        name=key,
+                        key=prepare_key,
+                        labels={userns.REMAP_LABEL: str(mapping.host_id)},
+                    ),
+                    metadata=self._conn.md(lease),
+                )
                 await self._tie_to_image(image, key, mapping)
             except BaseException:
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    await self._conn.snapshots.Remove(snapshots_pb2.RemoveSnapshotRequest(
-                        snapshotter=self._conn.snapshotter, key=prepare_key),
-                        metadata=self._conn.md())
+                    await self._conn.snapshots.Remove(
+                        snapshots_pb2.RemoveSnapshotRequest(
+                            snapshotter=self._conn.snapshotter, key=prepare_key
+                        ),
+                        metadata=self._conn.md(),
+                    )
                 raise
             return key
 
@@ -308,13 +372,17 @@ class Containerd:
         """Keep the remapped copy exactly as long as the image: a garbage-collection
         reference from the image's config blob (containerd reads ``<label>/<suffix>``)."""
         manifest = await self.images._manifest_from_store(await self.images.get(image))
-        label = (f"containerd.io/gc.ref.snapshot.{self._conn.snapshotter}"
-                 f"/userns-{mapping.host_id}-{mapping.size}")
+        label = (
+            f"containerd.io/gc.ref.snapshot.{self._conn.snapshotter}"
+            f"/userns-{mapping.host_id}-{mapping.size}"
+        )
         await self._conn.content.Update(
             content_pb2.UpdateRequest(
                 info=content_pb2.Info(digest=manifest["config"]["digest"], labels={label: key}),
-                update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"])),
-            metadata=self._conn.md())
+                update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"]),
+            ),
+            metadata=self._conn.md(),
+        )
 
     def _check_disk_quota(self, spec: SandboxSpec) -> None:
         if spec.disk_mb is not None and not quota.has_quota_fs(self._containerd_root):
@@ -322,10 +390,12 @@ class Containerd:
                 f"disk_mb {spec.disk_mb}: this node's snapshotter "
                 f"({quota.snapshotter_root(self._containerd_root)}) is not on the btrfs quota "
                 "filesystem ContainerdDaemon mounts (a state dir from before quotas?); "
-                "start the node on a fresh state dir, or set disk_mb to None")
+                "start the node on a fresh state dir, or set disk_mb to None"
+            )
 
-    def _own_upper(self, mounts: Sequence[Any], spec: SandboxSpec,
-                   mapping: userns.IdMapping | None) -> None:
+    def _own_upper(
+        self, mounts: Sequence[Any], spec: SandboxSpec, mapping: userns.IdMapping | None
+    ) -> None:
         """Quota the new writable layer and give it to the sandbox's root."""
         upper = _upper_dir(mounts)
         if upper is None:
@@ -371,8 +441,9 @@ class Containerd:
             containers = await self._conn.containers.List(
                 containers_pb2.ListContainersRequest(filters=[expr]), metadata=self._conn.md()
             )
-            tasks = await self._conn.tasks.List(tasks_pb2.ListTasksRequest(),
-                                                metadata=self._conn.md())
+            tasks = await self._conn.tasks.List(
+                tasks_pb2.ListTasksRequest(), metadata=self._conn.md()
+            )
         except grpc.aio.AioRpcError as err:
             raise map_grpc_error(err, "list sandboxes") from err
         by_id = {task.id: task for task in tasks.tasks}
@@ -380,8 +451,14 @@ class Containerd:
 
     def _sandbox_from(self, container: Any) -> Sandbox:
         spec = json.loads(container.spec.value or b"{}")
-        return Sandbox(self, self._conn, container.id, image=container.image,
-                       labels=dict(container.labels), process=spec.get("process", {}))
+        return Sandbox(
+            self,
+            self._conn,
+            container.id,
+            image=container.image,
+            labels=dict(container.labels),
+            process=spec.get("process", {}),
+        )
 
     # -- destroy -----------------------------------------------------------------
     async def destroy_sandbox(self, sandbox_id: str) -> bool:
@@ -417,13 +494,16 @@ class Containerd:
         try:
             # PID 1 (sleep) ignores SIGTERM; SIGKILL to every process in the cgroup.
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await tasks.Kill(tasks_pb2.KillRequest(container_id=sandbox_id, signal=SIGKILL,
-                                                       all=True), metadata=md)
+                await tasks.Kill(
+                    tasks_pb2.KillRequest(container_id=sandbox_id, signal=SIGKILL, all=True),
+                    metadata=md,
+                )
             if status in (task_pb2.PAUSED, task_pb2.PAUSING):
                 # frozen processes only die once thawed
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    await tasks.Resume(tasks_pb2.ResumeTaskRequest(container_id=sandbox_id),
-                                       metadata=md)
+                    await tasks.Resume(
+                        tasks_pb2.ResumeTaskRequest(container_id=sandbox_id), metadata=md
+                    )
             with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(wait), KILL_WAIT_S)
         finally:
@@ -446,8 +526,9 @@ class Containerd:
     async def _remove_snapshot(self, sandbox_id: str) -> bool:
         try:
             await self._conn.snapshots.Remove(
-                snapshots_pb2.RemoveSnapshotRequest(snapshotter=self._conn.snapshotter,
-                                                    key=sandbox_id),
+                snapshots_pb2.RemoveSnapshotRequest(
+                    snapshotter=self._conn.snapshotter, key=sandbox_id
+                ),
                 metadata=self._conn.md(),
             )
         except grpc.aio.AioRpcError as err:
@@ -481,8 +562,9 @@ class Containerd:
 
     # -- inventory helpers (tests assert nothing leaked with these) ------------
     async def container_ids(self) -> list[str]:
-        resp = await self._conn.containers.List(containers_pb2.ListContainersRequest(),
-                                                metadata=self._conn.md())
+        resp = await self._conn.containers.List(
+            containers_pb2.ListContainersRequest(), metadata=self._conn.md()
+        )
         return sorted(c.id for c in resp.containers)
 
     async def task_ids(self) -> list[str]:
@@ -536,8 +618,9 @@ class KeyedLocks:
 def _check_host_support(spec: SandboxSpec) -> None:
     """What the spec needs from this host, checked before anything is made."""
     if spec.init == "tini" and not HOST_INIT.is_file():
-        raise InvalidSpec(f"init 'tini' needs {HOST_INIT} on the host (apt-get install tini), "
-                          "or set init='none'")
+        raise InvalidSpec(
+            f"init 'tini' needs {HOST_INIT} on the host (apt-get install tini), or set init='none'"
+        )
     if spec.runtime == "crun":
         blocker = crun_blocker()
         if blocker:
@@ -570,8 +653,10 @@ def _check_command(sandbox_id: str, rootfs: Path, spec: SandboxSpec) -> None:
         resolved = _resolve_in_root(rootfs, candidate)
         if resolved is not None and resolved.is_file() and os.access(resolved, os.X_OK):
             return
-    raise SandboxStartFailed(f"create sandbox {sandbox_id!r} (start): command {name!r} is not "
-                             f"an executable file in image {spec.image!r}")
+    raise SandboxStartFailed(
+        f"create sandbox {sandbox_id!r} (start): command {name!r} is not "
+        f"an executable file in image {spec.image!r}"
+    )
 
 
 def _resolve_in_root(rootfs: Path, path: str, depth: int = 0) -> Path | None:
@@ -587,7 +672,7 @@ def _resolve_in_root(rootfs: Path, path: str, depth: int = 0) -> Path | None:
         nxt = current / part
         if nxt.is_symlink():
             target = os.readlink(nxt)
-            rest = "/".join(parts[i + 1:])
+            rest = "/".join(parts[i + 1 :])
             base = "" if target.startswith("/") else "/" + str(current.relative_to(rootfs))
             return _resolve_in_root(rootfs, f"{base}/{target}/{rest}", depth + 1)
         if not nxt.exists():
@@ -609,9 +694,11 @@ def crun_blocker(cgroup_root: Path = Path("/sys/fs/cgroup")) -> str | None:
     except OSError:
         return None  # pure v1 or pure v2: crun copes
     if held:
-        return (f"the cgroup2 hierarchy at {controllers.parent} holds {', '.join(held)}; "
-                f"mount it as cgroup v1 (mkdir -p {cgroup_root}/hugetlb && mount -t cgroup "
-                f"-o hugetlb cgroup {cgroup_root}/hugetlb), as scripts/setup.sh does")
+        return (
+            f"the cgroup2 hierarchy at {controllers.parent} holds {', '.join(held)}; "
+            f"mount it as cgroup v1 (mkdir -p {cgroup_root}/hugetlb && mount -t cgroup "
+            f"-o hugetlb cgroup {cgroup_root}/hugetlb), as scripts/setup.sh does"
+        )
     return None
 
 
@@ -628,8 +715,15 @@ async def _ensure_namespace(conn: Connection) -> None:
             raise
 
 
-def _container_record(sandbox_id: str, spec: SandboxSpec, image: str, labels: dict[str, str],
-                      oci_spec: dict[str, Any], snapshotter: str, runc_root: str) -> Any:
+def _container_record(
+    sandbox_id: str,
+    spec: SandboxSpec,
+    image: str,
+    labels: dict[str, str],
+    oci_spec: dict[str, Any],
+    snapshotter: str,
+    runc_root: str,
+) -> Any:
     runtime = containers_pb2.Container.Runtime(name="io.containerd.runc.v2")
     if spec.runtime in ("runc", "crun"):
         # No session keyring per sandbox: keyrings are charged to the host uid (a user

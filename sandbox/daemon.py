@@ -149,8 +149,10 @@ class ContainerdDaemon:
             _log.warning("containerd at %s runs without disk quotas: %s", self.root_dir, exc)
             return
         if not mounted:
-            _log.warning("containerd at %s runs without disk quotas: its snapshotter dir "
-                         "predates them", self.root_dir)
+            _log.warning(
+                "containerd at %s runs without disk quotas: its snapshotter dir predates them",
+                self.root_dir,
+            )
 
     async def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -65,8 +65,11 @@ EXCLUDED_CONTENTS = ("dev", "proc", "sys")
 PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
 DEBOOTSTRAP_TIMEOUT_S = 1800
 APT_TIMEOUT_S = 1800
-APT_ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C",
-           "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+APT_ENV = {
+    "DEBIAN_FRONTEND": "noninteractive",
+    "LC_ALL": "C",
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+}
 
 
 class LayerInfo(BaseModel):
@@ -178,8 +181,9 @@ def write_diff_layer(upper: Path, changes: Sequence[Change], out: Path) -> Path:
             if change.kind == "delete":
                 tar.addfile(_whiteout(change.path))
             else:
-                tar.add(upper / change.path, arcname=change.path, recursive=False,
-                        filter=_clean_names)
+                tar.add(
+                    upper / change.path, arcname=change.path, recursive=False, filter=_clean_names
+                )
     os.replace(tmp, out)
     return out
 
@@ -193,8 +197,9 @@ def _tree_entries(src: Path, skip: Sequence[str], rel: str = "") -> Iterator[str
             yield from _tree_entries(src, skip, child)
 
 
-def make_layer_from_dir(src: Path, out: Path | None = None, *,
-                        exclude_contents: Sequence[str] = ()) -> Path:
+def make_layer_from_dir(
+    src: Path, out: Path | None = None, *, exclude_contents: Sequence[str] = ()
+) -> Path:
     """A layer tar of everything under ``src`` (sorted, numeric owners, mtimes kept).
 
     Writes ``<src>.tar`` beside the directory unless ``out`` is given. Directories
@@ -211,8 +216,9 @@ def _layer_info(path: Path, kind: Literal["base", "packages", "dir"]) -> LayerIn
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             sha.update(chunk)
-    return LayerInfo(path=path, diff_id="sha256:" + sha.hexdigest(), size=path.stat().st_size,
-                     kind=kind)
+    return LayerInfo(
+        path=path, diff_id="sha256:" + sha.hexdigest(), size=path.stat().st_size, kind=kind
+    )
 
 
 # ---------------------------------------------------------------- building
@@ -220,14 +226,16 @@ def _layer_info(path: Path, kind: Literal["base", "packages", "dir"]) -> LayerIn
 
 def _run(what: str, argv: Sequence[str], timeout: float) -> None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **APT_ENV})
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **APT_ENV}
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ImageBuildError(f"{what} failed: {exc}") from exc
     if proc.returncode != 0:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        raise ImageBuildError(f"{what} failed (exit {proc.returncode}): "
-                              f"{tail[-1] if tail else 'no output'}")
+        raise ImageBuildError(
+            f"{what} failed (exit {proc.returncode}): {tail[-1] if tail else 'no output'}"
+        )
 
 
 @contextlib.contextmanager
@@ -266,8 +274,11 @@ def _debootstrap(target: Path, suite: str, mirror: str, include: Sequence[str]) 
 def _chroot(root: Path, what: str, *argv: str) -> None:
     # A private mount namespace: /proc vanishes with the process, even on a crash.
     script = 'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
-    _run(what, ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                str(root), *argv], APT_TIMEOUT_S)
+    _run(
+        what,
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(root), *argv],
+        APT_TIMEOUT_S,
+    )
 
 
 @contextlib.contextmanager
@@ -290,8 +301,17 @@ def _install_env(root: Path) -> Iterator[None]:
 def _apt_install(root: Path, packages: Sequence[str]) -> None:
     with _install_env(root):
         _chroot(root, "apt-get update", "apt-get", "update", "-q")
-        _chroot(root, f"apt-get install {' '.join(packages)}", "apt-get", "install", "-y",
-                "-q", "--no-install-recommends", "--", *packages)
+        _chroot(
+            root,
+            f"apt-get install {' '.join(packages)}",
+            "apt-get",
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "--",
+            *packages,
+        )
     _clean_apt(root)
 
 
@@ -310,19 +330,27 @@ def _load(meta: Path) -> DebianImage | None:
     image = DebianImage.model_validate_json(meta.read_text())
     # Paths are stored relative to the cache, so a moved cache stays valid.
     base = meta.parent.parent
-    return image.model_copy(update={
-        "rootfs": base / image.rootfs,
-        "layers": [layer.model_copy(update={"path": base / layer.path}) for layer in image.layers],
-    })
+    return image.model_copy(
+        update={
+            "rootfs": base / image.rootfs,
+            "layers": [
+                layer.model_copy(update={"path": base / layer.path}) for layer in image.layers
+            ],
+        }
+    )
 
 
 def _save(meta: Path, image: DebianImage) -> None:
     base = meta.parent.parent
-    rel = image.model_copy(update={
-        "rootfs": image.rootfs.relative_to(base),
-        "layers": [layer.model_copy(update={"path": layer.path.relative_to(base)})
-                   for layer in image.layers],
-    })
+    rel = image.model_copy(
+        update={
+            "rootfs": image.rootfs.relative_to(base),
+            "layers": [
+                layer.model_copy(update={"path": layer.path.relative_to(base)})
+                for layer in image.layers
+            ],
+        }
+    )
     tmp = meta.with_suffix(".part")
     tmp.write_text(rel.model_dump_json(indent=1))
     os.replace(tmp, meta)
@@ -350,10 +378,15 @@ def _build_base(root: Path, suite: str, mirror: str) -> DebianImage:
             return cached
         with _fresh_dir(out):
             _debootstrap(out / "rootfs", suite, mirror, include=())
-            layer = _layer_info(make_layer_from_dir(out / "rootfs", out / "layer.tar",
-                                                    exclude_contents=EXCLUDED_CONTENTS), "base")
-            image = DebianImage(suite=suite, packages=[], key=key, rootfs=out / "rootfs",
-                                layers=[layer])
+            layer = _layer_info(
+                make_layer_from_dir(
+                    out / "rootfs", out / "layer.tar", exclude_contents=EXCLUDED_CONTENTS
+                ),
+                "base",
+            )
+            image = DebianImage(
+                suite=suite, packages=[], key=key, rootfs=out / "rootfs", layers=[layer]
+            )
             _save(out / "image.json", image)
         return image
 
@@ -363,32 +396,46 @@ def _build_layered(root: Path, base: DebianImage, packages: list[str], key: str)
     rootfs = out / "rootfs"
     with _fresh_dir(out):
         # --reflink=auto: a CoW copy where the filesystem can, a plain copy elsewhere.
-        _run("copy base rootfs", ["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)],
-             600)
+        _run("copy base rootfs", ["cp", "-a", "--reflink=auto", str(base.rootfs), str(rootfs)], 600)
         _apt_install(rootfs, packages)
         changes = diff_trees(base.rootfs, rootfs)
         layer = _layer_info(write_diff_layer(rootfs, changes, out / "layer.tar"), "packages")
-        image = DebianImage(suite=base.suite, packages=packages, key=key, rootfs=rootfs,
-                            layers=[*base.layers, layer])
+        image = DebianImage(
+            suite=base.suite,
+            packages=packages,
+            key=key,
+            rootfs=rootfs,
+            layers=[*base.layers, layer],
+        )
         _save(out / "image.json", image)
     return image
 
 
-def _build_flat(root: Path, suite: str, mirror: str, packages: list[str],
-                key: str) -> DebianImage:
+def _build_flat(root: Path, suite: str, mirror: str, packages: list[str], key: str) -> DebianImage:
     out = root / f"img-{key}"
     with _fresh_dir(out):
         _debootstrap(out / "rootfs", suite, mirror, include=packages)
-        layer = _layer_info(make_layer_from_dir(out / "rootfs", out / "layer.tar",
-                                                exclude_contents=EXCLUDED_CONTENTS), "base")
-        image = DebianImage(suite=suite, packages=packages, key=key, rootfs=out / "rootfs",
-                            layers=[layer])
+        layer = _layer_info(
+            make_layer_from_dir(
+                out / "rootfs", out / "layer.tar", exclude_contents=EXCLUDED_CONTENTS
+            ),
+            "base",
+        )
+        image = DebianImage(
+            suite=suite, packages=packages, key=key, rootfs=out / "rootfs", layers=[layer]
+        )
         _save(out / "image.json", image)
     return image
 
 
-def build_debian_image(cache_dir: Path, packages: list[str], suite: str = "bookworm", *,
-                       mirror: str = DEFAULT_MIRROR, layered: bool = True) -> DebianImage:
+def build_debian_image(
+    cache_dir: Path,
+    packages: list[str],
+    suite: str = "bookworm",
+    *,
+    mirror: str = DEFAULT_MIRROR,
+    layered: bool = True,
+) -> DebianImage:
     """Build (or find in the cache) a Debian image: a shared base layer plus a package layer.
 
     ``layered=False`` runs one ``debootstrap --include=...`` into a single layer
@@ -413,8 +460,9 @@ def build_debian_rootfs(cache_dir: Path, packages: list[str], suite: str = "book
     return build_debian_image(cache_dir, packages, suite).rootfs
 
 
-def write_debian_archive(image: DebianImage, out: Path, name: str,
-                         extra_layers: Sequence[Path] = ()) -> Path:
+def write_debian_archive(
+    image: DebianImage, out: Path, name: str, extra_layers: Sequence[Path] = ()
+) -> Path:
     """Pack the image's layers (plus e.g. a workspace layer) as an OCI archive."""
     from sandbox.oci_archive import write_oci_archive  # the core's writer gzips the tars
 

@@ -49,7 +49,8 @@ def decode_envelope(envelope: Any) -> SandboxEvent:
         timestamp=envelope.timestamp.ToDatetime() if envelope.HasField("timestamp") else None,
         exec_id=process_id if process_id and process_id != container_id else None,
         pid=getattr(payload, "pid", None) or None,
-        exit_status=getattr(payload, "exit_status", None) if envelope.topic == "/tasks/exit"
+        exit_status=getattr(payload, "exit_status", None)
+        if envelope.topic == "/tasks/exit"
         else None,
     )
 
@@ -65,8 +66,11 @@ async def subscribe_events(conn: Connection, topics: Sequence[str]) -> AsyncIter
                 backoff = RESUBSCRIBE_MIN_S
                 yield decode_envelope(envelope)
         except grpc.aio.AioRpcError as err:
-            if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN,
-                                  grpc.StatusCode.INTERNAL):
+            if err.code() not in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.UNKNOWN,
+                grpc.StatusCode.INTERNAL,
+            ):
                 raise
         finally:
             call.cancel()

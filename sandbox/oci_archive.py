@@ -50,8 +50,11 @@ class Blob:
     size: int
 
     def descriptor(self, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-        desc: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest,
-                                "size": self.size}
+        desc: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+        }
         if annotations:
             desc["annotations"] = annotations
         return desc
@@ -115,8 +118,9 @@ def _write_json_blob(obj: dict[str, Any], media_type: str, blobs_dir: Path) -> B
     return Blob(media_type, "sha256:" + hexdigest, len(data))
 
 
-def image_config(diff_ids: Sequence[str], *, env: Sequence[str] = (),
-                 cmd: Sequence[str] = (), workdir: str = "") -> dict[str, Any]:
+def image_config(
+    diff_ids: Sequence[str], *, env: Sequence[str] = (), cmd: Sequence[str] = (), workdir: str = ""
+) -> dict[str, Any]:
     return {
         "architecture": GOARCH.get(platform.machine(), platform.machine()),
         "os": "linux",
@@ -193,8 +197,20 @@ def build_busybox_rootfs(root: Path, busybox: Path = Path("/bin/busybox")) -> Pa
     if not busybox.is_file():
         raise FileNotFoundError(f"{busybox} not found (apt-get install busybox-static)")
     root.mkdir(parents=True, exist_ok=True)
-    for folder in ("bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "proc", "sys",
-                   "dev", "var", "run", "workspace"):
+    for folder in (
+        "bin",
+        "sbin",
+        "usr/bin",
+        "usr/sbin",
+        "etc",
+        "root",
+        "proc",
+        "sys",
+        "dev",
+        "var",
+        "run",
+        "workspace",
+    ):
         (root / folder).mkdir(parents=True, exist_ok=True)
     (root / "tmp").mkdir(exist_ok=True)
     (root / "tmp").chmod(0o1777)
@@ -224,5 +240,3 @@ async def build_busybox_image(client: Containerd, name: str = BUSYBOX_IMAGE) -> 
         archive = build_busybox_archive(Path(tmp) / "busybox.tar", name)
         images = await client.images.import_archive(archive)
     return next(image for image in images if image.name == name)
-
-

@@ -75,8 +75,16 @@ class RawExecResult:
 class Sandbox:
     """Handle on a sandbox that exists in containerd; cheap to make, holds no resources."""
 
-    def __init__(self, client: Containerd, conn: Connection, sandbox_id: str, *,
-                 image: str, labels: dict[str, str], process: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: Containerd,
+        conn: Connection,
+        sandbox_id: str,
+        *,
+        image: str,
+        labels: dict[str, str],
+        process: dict[str, Any],
+    ) -> None:
         self._client = client
         self._conn = conn
         self.id = sandbox_id
@@ -103,8 +111,14 @@ class Sandbox:
         """Run ``cmd`` (a str runs via /bin/sh -c) and wait for it; never raises on exit code."""
         args = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         raw = await self.exec_raw(
-            args, env=env, workdir=workdir, user=user, stdin=stdin, timeout_s=timeout_s,
-            output_limit_bytes=output_limit_bytes, on_output=on_output,
+            args,
+            env=env,
+            workdir=workdir,
+            user=user,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            output_limit_bytes=output_limit_bytes,
+            on_output=on_output,
         )
         return raw.decoded()
 
@@ -177,7 +191,11 @@ class Sandbox:
         return _durable_result(files, output_limit_bytes)
 
     async def reattach_exec(
-        self, exec_id: str, output_dir: Path, *, timeout_s: float | None,
+        self,
+        exec_id: str,
+        output_dir: Path,
+        *,
+        timeout_s: float | None,
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
     ) -> RawExecResult | None:
         """The result of an ``exec_durable`` an earlier process started; None if it never ran.
@@ -242,8 +260,13 @@ class Sandbox:
             return SandboxPaused(f"exec in sandbox {self.id!r}: sandbox is paused; resume it first")
         return mapped
 
-    async def _start_and_wait(self, exec_id: str, pipes: ExecPipes | ExecFiles,
-                              stdin: bytes | None, timeout_s: float | None) -> tuple[int, bool]:
+    async def _start_and_wait(
+        self,
+        exec_id: str,
+        pipes: ExecPipes | ExecFiles,
+        stdin: bytes | None,
+        timeout_s: float | None,
+    ) -> tuple[int, bool]:
         # Wait before Start, or a fast process's exit could be missed.
         wait = self._wait_for(exec_id)
         try:
@@ -261,12 +284,16 @@ class Sandbox:
             await _cancel(wait)
 
     def _wait_for(self, exec_id: str) -> asyncio.Future[Any]:
-        return asyncio.ensure_future(self._conn.tasks.Wait(
-            tasks_pb2.WaitRequest(container_id=self.id, exec_id=exec_id), metadata=self._conn.md()
-        ))
+        return asyncio.ensure_future(
+            self._conn.tasks.Wait(
+                tasks_pb2.WaitRequest(container_id=self.id, exec_id=exec_id),
+                metadata=self._conn.md(),
+            )
+        )
 
-    async def _exit_of(self, wait: asyncio.Future[Any], exec_id: str, pid: int,
-                       timeout_s: float | None) -> tuple[int, bool]:
+    async def _exit_of(
+        self, wait: asyncio.Future[Any], exec_id: str, pid: int, timeout_s: float | None
+    ) -> tuple[int, bool]:
         """(exit code, timed out): the exec's end, killing it after ``timeout_s``."""
         try:
             done = await asyncio.wait_for(asyncio.shield(wait), timeout_s)
@@ -306,8 +333,7 @@ class Sandbox:
     # -- files -----------------------------------------------------------------
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
-        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path, f"{mode:o}"],
-                                     stdin=data)
+        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path, f"{mode:o}"], stdin=data)
         if result.exit_code != 0:
             raise SandboxError(f"write {path!r} in sandbox {self.id!r}: {_first_line(result)}")
 
@@ -317,8 +343,9 @@ class Sandbox:
 
     async def _read_out(self, what: str, path: str, script: str, max_bytes: int) -> bytes:
         """Run `script` with `path` as $1; its stdout, whole, or a one-line error."""
-        result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path],
-                                     output_limit_bytes=max_bytes)
+        result = await self.exec_raw(
+            ["/bin/sh", "-c", script, "sh", path], output_limit_bytes=max_bytes
+        )
         if result.exit_code == _NO_SUCH_FILE and what == "read":
             raise FileNotFound(f"no file {path!r} in sandbox {self.id!r}")
         if result.exit_code != 0:
@@ -333,8 +360,9 @@ class Sandbox:
             stdin=tar_bytes,
         )
         if result.exit_code != 0:
-            raise SandboxError(f"untar into {dest_dir!r} in sandbox {self.id!r}: "
-                               f"{_first_line(result)}")
+            raise SandboxError(
+                f"untar into {dest_dir!r} in sandbox {self.id!r}: {_first_line(result)}"
+            )
 
     async def get_tar(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
         script = 'cd "$(dirname "$1")" && tar -c -f - "$(basename "$1")"'
@@ -342,15 +370,17 @@ class Sandbox:
 
     # -- state -----------------------------------------------------------------
     async def pause(self) -> None:
-        await self._task_call("pause", self._conn.tasks.Pause,
-                              tasks_pb2.PauseTaskRequest(container_id=self.id))
+        await self._task_call(
+            "pause", self._conn.tasks.Pause, tasks_pb2.PauseTaskRequest(container_id=self.id)
+        )
 
     async def resume(self) -> None:
-        await self._task_call("resume", self._conn.tasks.Resume,
-                              tasks_pb2.ResumeTaskRequest(container_id=self.id))
+        await self._task_call(
+            "resume", self._conn.tasks.Resume, tasks_pb2.ResumeTaskRequest(container_id=self.id)
+        )
 
     async def status(self) -> str:
-        """"running", "paused", "stopped" (also when the task is gone), "created", "pausing"."""
+        """ "running", "paused", "stopped" (also when the task is gone), "created", "pausing"."""
         try:
             resp = await self._conn.tasks.Get(
                 tasks_pb2.GetRequest(container_id=self.id), metadata=self._conn.md()
@@ -430,12 +460,19 @@ def _durable_result(files: ExecFiles, output_limit_bytes: int) -> RawExecResult:
     assert end is not None, "recorded before"
     exit_code, timed_out, duration_s = end
     stdout, stderr, truncated = files.output(output_limit_bytes)
-    return RawExecResult(exit_code=exit_code, stdout=stdout, stderr=stderr,
-                         duration_s=duration_s, timed_out=timed_out, truncated=truncated)
+    return RawExecResult(
+        exit_code=exit_code,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=duration_s,
+        timed_out=timed_out,
+        truncated=truncated,
+    )
 
 
-def _check_exec_args(args: list[str], user: str | None, timeout_s: float | None,
-                     output_limit_bytes: int) -> None:
+def _check_exec_args(
+    args: list[str], user: str | None, timeout_s: float | None, output_limit_bytes: int
+) -> None:
     from sandbox.errors import InvalidSpec
 
     if not args or not all(isinstance(arg, str) for arg in args):
@@ -466,4 +503,3 @@ def _first_line(result: RawExecResult) -> str:
     text = (result.stderr or result.stdout).decode("utf-8", errors="replace").strip()
     line = text.splitlines()[0] if text else ""
     return f"exit {result.exit_code}" + (f": {line}" if line else "")
-

@@ -84,7 +84,7 @@ def _sources() -> dict[str, Path]:
 def _staged_path(import_path: str) -> str:
     for src, dst in PATH_MAP.items():
         if import_path.startswith(src):
-            return dst + import_path[len(src):]
+            return dst + import_path[len(src) :]
     return import_path
 
 

@@ -9,6 +9,7 @@ export CORRAL_CACHE_DIR=${CORRAL_CACHE_DIR:-$PWD/.cache}
 
 echo "== lint"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy --check-untyped-defs
 
 echo "== tests"

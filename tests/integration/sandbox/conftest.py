@@ -93,8 +93,8 @@ async def _assert_nothing_left(client: Containerd, daemon: ContainerdDaemon) -> 
     leftovers["shims"] = [str(pid) for pid in daemon.shim_pids()]
     leftovers["workspaces"] = volumes.list_workspaces(client.workspace_root)
     leftovers["network attachments"] = [
-        att.sandbox_id for att in await network.list_attachments(client.network_state_dir)]
+        att.sandbox_id for att in await network.list_attachments(client.network_state_dir)
+    ]
     left = {kind: items for kind, items in leftovers.items() if items}
     if left:
         pytest.fail(f"sandbox tests leaked resources in {TEST_NAMESPACE!r}: {left}", pytrace=False)
-

@@ -18,8 +18,9 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def server_namespace(ns: str, host_if: str, host_addr: str, addr: str,
-                     server_argv: list[str]) -> Iterator[subprocess.Popen[str]]:
+def server_namespace(
+    ns: str, host_if: str, host_addr: str, addr: str, server_argv: list[str]
+) -> Iterator[subprocess.Popen[str]]:
     """Run `server_argv` inside netns `ns` at `addr`; it must print "ready" first."""
     sh("ip", "netns", "del", ns, check=False)
     sh("ip", "link", "del", host_if, check=False)
@@ -36,8 +37,9 @@ def server_namespace(ns: str, host_if: str, host_addr: str, addr: str,
         sh(*in_ns, "link", "set", "srv0", "up")
         sh(*in_ns, "link", "set", "lo", "up")
         sh(*in_ns, "route", "add", "198.18.0.0/15", "via", host_addr)
-        server = subprocess.Popen(["ip", "netns", "exec", ns, *server_argv],
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, *server_argv], stdout=subprocess.PIPE, text=True
+        )
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         yield server
     finally:

@@ -66,8 +66,10 @@ async def test_seccomp_denies_mount_and_unshare(make_sandbox: MakeSandbox) -> No
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the probe")
 async def test_seccomp_probe(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
     (tmp_path / "probe.c").write_text(PROBE_C)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(tmp_path / "probe"),
-                    str(tmp_path / "probe.c")], check=True)
+    subprocess.run(
+        ["gcc", "-static", "-O1", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")],
+        check=True,
+    )
     sandbox = await make_sandbox()
     await sandbox.write_file("/workspace/probe", (tmp_path / "probe").read_bytes(), mode=0o755)
     eperm = "1"

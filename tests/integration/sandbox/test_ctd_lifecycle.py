@@ -30,8 +30,9 @@ pytestmark = pytest.mark.integration
 async def test_create_exec_destroy(ctd: Containerd, busybox: ImageInfo) -> None:
     sandbox_id = f"life-{uuid.uuid4().hex[:8]}"
     try:
-        sandbox = await ctd.create_sandbox(sandbox_id, SandboxSpec(image="busybox"),
-                                           labels={"corral.tenant": "t1"})
+        sandbox = await ctd.create_sandbox(
+            sandbox_id, SandboxSpec(image="busybox"), labels={"corral.tenant": "t1"}
+        )
         result = await sandbox.exec(["echo", "hello"])
         assert result.ok and result.stdout == "hello\n"
         assert await sandbox.status() == "running"

@@ -35,8 +35,10 @@ from sandbox.network import (
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("ip"),
-                       reason="needs root, nft and ip"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("ip"),
+        reason="needs root, nft and ip",
+    ),
 ]
 
 SRV_NS = "corral-test-srv"
@@ -79,10 +81,10 @@ print("open" if ok else "closed")
 """
 
 
-
 def probe(pid: int, host: str, port: int, proto: str = "tcp") -> bool:
-    out = sh("nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", PROBE,
-             host, str(port), proto)
+    out = sh(
+        "nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", PROBE, host, str(port), proto
+    )
     return out.stdout.strip() == "open"
 
 
@@ -125,7 +127,6 @@ def server_ns() -> Iterator[None]:
         yield
 
 
-
 @contextlib.asynccontextmanager
 async def host_server() -> AsyncIterator[tuple[int, int]]:
     """Two TCP services in the root netns bound to 0.0.0.0 (think: Temporal, containerd)."""
@@ -155,8 +156,10 @@ async def test_allowlist_cut_restore_detach(server_ns: None, tmp_path: Path) -> 
     forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text()
     try:
         assert sandbox_links(sandbox.pid) == {"lo"}  # loopback only until attached
-        rules = [EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED_TCP),
-                 EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED_UDP, protocol="udp")]
+        rules = [
+            EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED_TCP),
+            EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED_UDP, protocol="udp"),
+        ]
         async with host_server() as (denied_host_port, allowed_host_port):
             t0 = time.perf_counter()
             att = await attach_network(sid, sandbox.pid, rules, tmp_path)
@@ -221,8 +224,19 @@ async def test_failed_attach_rolls_back(tmp_path: Path) -> None:
     sid = "episode-rollback"
     try:
         # An eth0 already in the sandbox netns makes the veth peer creation fail.
-        sh("nsenter", f"--net=/proc/{sandbox.pid}/ns/net", "ip", "link", "add", "eth0",
-           "type", "veth", "peer", "name", "eth1")
+        sh(
+            "nsenter",
+            f"--net=/proc/{sandbox.pid}/ns/net",
+            "ip",
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth1",
+        )
         before = host_links()
         with pytest.raises(NetworkError, match=f"sandbox {sid}: create veth crl"):
             await attach_network(sid, sandbox.pid, [], tmp_path)
@@ -241,9 +255,14 @@ async def test_many_sandboxes_distinct_slots(tmp_path: Path) -> None:
     ids = [f"episode-many-{i}" for i in range(n)]
     try:
         t0 = time.perf_counter()
-        atts = await asyncio.gather(*(
-            attach_network(sid, sb.pid, [EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED_TCP)],
-                           tmp_path) for sid, sb in zip(ids, sandboxes, strict=True)))
+        atts = await asyncio.gather(
+            *(
+                attach_network(
+                    sid, sb.pid, [EgressRule(cidr=f"{SRV_ADDR}/32", port=ALLOWED_TCP)], tmp_path
+                )
+                for sid, sb in zip(ids, sandboxes, strict=True)
+            )
+        )
         dt = time.perf_counter() - t0
         print(f"{n} concurrent attaches: {dt * 1000:.0f} ms ({dt / n * 1000:.1f} ms each)")
         assert len({a.slot for a in atts}) == n
@@ -251,8 +270,19 @@ async def test_many_sandboxes_distinct_slots(tmp_path: Path) -> None:
         assert {a.sandbox_id for a in await list_attachments(tmp_path)} == set(ids)
         # One sandbox may not reach a server in another one (not allowlisted).
         peer = subprocess.Popen(
-            ["nsenter", f"--net=/proc/{sandboxes[1].pid}/ns/net", sys.executable, "-c", SERVER,
-             str(ALLOWED_TCP), str(ALLOWED_UDP), "60"], stdout=subprocess.PIPE, text=True)
+            [
+                "nsenter",
+                f"--net=/proc/{sandboxes[1].pid}/ns/net",
+                sys.executable,
+                "-c",
+                SERVER,
+                str(ALLOWED_TCP),
+                str(ALLOWED_UDP),
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert peer.stdout is not None and peer.stdout.readline().strip() == "ready"
             assert await aprobe(sandboxes[1].pid, "127.0.0.1", ALLOWED_TCP)  # it is listening

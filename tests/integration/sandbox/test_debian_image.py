@@ -29,8 +29,9 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(1200),
-    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("debootstrap"),
-                       reason="needs root and debootstrap"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("debootstrap"), reason="needs root and debootstrap"
+    ),
 ]
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,8 +79,13 @@ def test_python3_image_layers_and_cache(cache_dir: Path, tmp_path: Path) -> None
     assert time.monotonic() - t0 < 1.0
     assert again == image
     assert build_debian_rootfs(cache_dir, ["python3"]) == image.rootfs
-    out = subprocess.run(["chroot", str(image.rootfs), "python3", "-c", "print(6 * 7)"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        ["chroot", str(image.rootfs), "python3", "-c", "print(6 * 7)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == "42"
 
 
@@ -93,8 +99,9 @@ def test_oci_archive_unpacks_with_umoci(cache_dir: Path, tmp_path: Path) -> None
     ws_layer = make_layer_from_dir(workspace)
 
     t0 = time.monotonic()
-    archive = write_debian_archive(image, tmp_path / "img.tar", "corral.local/debian-py:test",
-                                   extra_layers=[ws_layer])
+    archive = write_debian_archive(
+        image, tmp_path / "img.tar", "corral.local/debian-py:test", extra_layers=[ws_layer]
+    )
     print(f"archive: {time.monotonic() - t0:.1f} s, {archive.stat().st_size / 1e6:.0f} MB")
     layout = tmp_path / "layout"
     with tarfile.open(archive) as tar:
@@ -103,17 +110,27 @@ def test_oci_archive_unpacks_with_umoci(cache_dir: Path, tmp_path: Path) -> None
     manifest_digest = index["manifests"][0]["digest"].split(":")[1]
     manifest = json.loads((layout / "blobs" / "sha256" / manifest_digest).read_text())
     config = json.loads(
-        (layout / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
+        (layout / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]).read_text()
+    )
     assert len(manifest["layers"]) == 3
     assert config["rootfs"]["diff_ids"][:2] == [layer.diff_id for layer in image.layers]
 
     # An independent OCI implementation applies the layers (whiteouts included).
     bundle = tmp_path / "bundle"
-    subprocess.run(["umoci", "unpack", "--image", f"{layout}:test", str(bundle)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        ["umoci", "unpack", "--image", f"{layout}:test", str(bundle)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     rootfs = bundle / "rootfs"
-    out = subprocess.run(["chroot", str(rootfs), "python3", "/task.py"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        ["chroot", str(rootfs), "python3", "/task.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == "from the workspace"
     assert (rootfs / "etc" / "shadow").stat().st_gid == 42  # numeric owners survive
 

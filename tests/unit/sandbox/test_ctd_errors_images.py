@@ -63,14 +63,19 @@ def test_codes_map_to_types(code: grpc.StatusCode, expected: type[SandboxError])
 
 
 def test_not_found_type_comes_from_context() -> None:
-    err = map_grpc_error(FakeRpcError(grpc.StatusCode.NOT_FOUND, "image not found"),
-                         "image 'corral.local/x:latest'", not_found=ImageNotFound)
+    err = map_grpc_error(
+        FakeRpcError(grpc.StatusCode.NOT_FOUND, "image not found"),
+        "image 'corral.local/x:latest'",
+        not_found=ImageNotFound,
+    )
     assert isinstance(err, ImageNotFound) and "corral.local/x:latest" in str(err)
 
 
 def test_paused_is_recognised() -> None:
-    err = map_grpc_error(FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION,
-                                      "cannot exec in a paused state"), "exec in sandbox 'x'")
+    err = map_grpc_error(
+        FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "cannot exec in a paused state"),
+        "exec in sandbox 'x'",
+    )
     assert isinstance(err, SandboxPaused) and "resume" in str(err)
 
 
@@ -154,8 +159,9 @@ def test_archive_is_deterministic(tmp_path: Path) -> None:
 def test_busybox_rootfs(tmp_path: Path) -> None:
     root = build_busybox_rootfs(tmp_path / "rootfs")
     assert (root / "bin" / "busybox").is_file()
-    assert (root / "bin" / "sh").is_symlink() and str((root / "bin" / "sh").readlink()) == \
-        "/bin/busybox"
+    assert (root / "bin" / "sh").is_symlink() and str(
+        (root / "bin" / "sh").readlink()
+    ) == "/bin/busybox"
     assert (root / "etc" / "passwd").read_text().startswith("root:x:0:0:")
     assert (root / "etc" / "group").read_text().startswith("root:x:0:")
     assert (root / "tmp").stat().st_mode & 0o1777 == 0o1777

@@ -30,23 +30,37 @@ from sandbox.network import (
 T = "inet corral"
 
 
-def attachment(slot: int = 7, egress: list[EgressRule] | None = None,
-               cut: bool = False) -> NetworkAttachment:
+def attachment(
+    slot: int = 7, egress: list[EgressRule] | None = None, cut: bool = False
+) -> NetworkAttachment:
     host, sb = slot_addresses(slot)
-    return NetworkAttachment(sandbox_id=f"sb-{slot}", pid=100 + slot, netns_inode=4026532000,
-                             slot=slot, host_ifname=host_ifname(slot), host_address=host,
-                             sandbox_address=sb, egress=egress or [], cut=cut)
+    return NetworkAttachment(
+        sandbox_id=f"sb-{slot}",
+        pid=100 + slot,
+        netns_inode=4026532000,
+        slot=slot,
+        host_ifname=host_ifname(slot),
+        host_address=host,
+        sandbox_address=sb,
+        egress=egress or [],
+        cut=cut,
+    )
 
 
 def test_egress_rule_validation() -> None:
     assert EgressRule(cidr="198.19.255.1/32", port=80).protocol == "tcp"
     assert EgressRule(cidr="8.8.8.0/24", port=None, protocol="udp").cidr == "8.8.8.0/24"
     assert EgressRule(cidr="10.0.0.1", port=None).cidr == "10.0.0.1/32"
-    for bad in ({"cidr": "10.0.0.1/24", "port": 1}, {"cidr": "nonsense", "port": 1},
-                {"cidr": "fd00::/64", "port": 1}, {"cidr": "10.0.0.0/8"},
-                {"cidr": "10.0.0.0/8", "port": 0}, {"cidr": "10.0.0.0/8", "port": 70000},
-                {"cidr": "10.0.0.0/8", "port": 1, "protocol": "icmp"},
-                {"cidr": "10.0.0.0/8", "port": 1, "x": 1}):
+    for bad in (
+        {"cidr": "10.0.0.1/24", "port": 1},
+        {"cidr": "nonsense", "port": 1},
+        {"cidr": "fd00::/64", "port": 1},
+        {"cidr": "10.0.0.0/8"},
+        {"cidr": "10.0.0.0/8", "port": 0},
+        {"cidr": "10.0.0.0/8", "port": 70000},
+        {"cidr": "10.0.0.0/8", "port": 1, "protocol": "icmp"},
+        {"cidr": "10.0.0.0/8", "port": 1, "x": 1},
+    ):
         with pytest.raises(ValidationError):
             EgressRule.model_validate(bad)
 
@@ -104,8 +118,12 @@ def test_base_table_guards() -> None:
 
 
 def test_sandbox_rules_render() -> None:
-    att = attachment(egress=[EgressRule(cidr="198.19.255.1/32", port=7001),
-                             EgressRule(cidr="198.19.255.0/31", port=None, protocol="udp")])
+    att = attachment(
+        egress=[
+            EgressRule(cidr="198.19.255.1/32", port=7001),
+            EgressRule(cidr="198.19.255.0/31", port=None, protocol="udp"),
+        ]
+    )
     script = render_sandbox_rules(att)
     lines = script.splitlines()
     assert lines[:2] == ["add chain inet corral sb7", "flush chain inet corral sb7"]
@@ -113,11 +131,14 @@ def test_sandbox_rules_render() -> None:
     assert "add rule inet corral sb7 ip daddr 198.19.255.1/32 tcp dport 7001 accept" in lines
     assert "add rule inet corral sb7 ip daddr 198.19.255.0/31 meta l4proto udp accept" in lines
     assert lines.index("add rule inet corral sb7 drop") > lines.index(
-        "add rule inet corral sb7 ip daddr 198.19.255.1/32 tcp dport 7001 accept")
+        "add rule inet corral sb7 ip daddr 198.19.255.1/32 tcp dport 7001 accept"
+    )
     assert 'add element inet corral egress { "crl7" : jump sb7 }' in lines
     assert lines[-1] == 'delete element inet corral cut { "crl7" }'
-    assert render_sandbox_rules(attachment(cut=True)).splitlines()[-1] == \
-        'add element inet corral cut { "crl7" }'
+    assert (
+        render_sandbox_rules(attachment(cut=True)).splitlines()[-1]
+        == 'add element inet corral cut { "crl7" }'
+    )
 
 
 def test_removal_and_cut_scripts_are_absence_tolerant() -> None:

@@ -383,7 +383,8 @@ class TenantConfig(_Spec):
     egress: list[str] | None = None  # CIDRs an allowlist may reach; None: any
     weight: float = Field(default=1.0, gt=0)
     on_quota: Literal["wait", "reject"] = "wait"
-    allow_no_user_namespace: bool = True
+    # Opting out of the user namespace (root = host root) is a tenant's privilege.
+    allow_no_user_namespace: bool = False
 
     def has_quota(self) -> bool:
         return any(q is not None for q in (self.max_episodes, self.cpu_cores, self.memory_mb))

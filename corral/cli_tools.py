@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel
 from rich.progress import Progress
 
 from corral.cli import Context, console, emit_json, fail, out, pass_ctx, run_async
+
+T = TypeVar("T")
 
 
 def parse_since(value: str | None) -> datetime | None:
@@ -135,16 +140,12 @@ async def bench(
     from corral.bench import describe, run_bench, run_density
 
     if density is not None:
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("idle sandboxes", total=density)
-            report = await run_density(
-                ctx.config, n=density, group=shim_group, tick=lambda: progress.advance(task)
-            )
-        if as_json:
-            emit_json(report)
-        else:
-            for key, value in report.model_dump().items():
-                out.print(f"{key:24s} {value}")
+        held = await _with_progress(
+            "idle sandboxes",
+            density,
+            lambda tick: run_density(ctx.config, n=density, group=shim_group, tick=tick),
+        )
+        _show(held, as_json)
         return
 
     if peers:
@@ -167,19 +168,39 @@ async def bench(
         await _bench_sensor(ctx, sensor_n, as_json)
         return
 
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=2 * n + 3 * exec_n)
-        result = await run_bench(
-            ctx.config,
-            n=n,
-            concurrency=concurrency,
-            exec_n=exec_n,
-            tick=lambda: progress.advance(task),
-        )
+    result = await _with_progress(
+        "bench",
+        2 * n + 3 * exec_n,
+        lambda tick: run_bench(ctx.config, n=n, concurrency=concurrency, exec_n=exec_n, tick=tick),
+    )
+    _show(result, as_json, describe)
+
+
+def _with_progress(
+    title: str, total: int, run: Callable[[Callable[[], None]], Awaitable[T]]
+) -> Awaitable[T]:
+    """Run a bench with a progress bar that `run`'s tick advances."""
+
+    async def go() -> T:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(title, total=total)
+            return await run(lambda: progress.advance(task))
+
+    return go()
+
+
+def _show(
+    report: BaseModel, as_json: bool, lines: Callable[[Any], list[str]] | None = None
+) -> None:
+    """JSON, the bench's own description, or one line per field."""
     if as_json:
-        emit_json(result)
+        emit_json(report)
         return
-    for line in describe(result):
+    if lines is None:
+        for key, value in report.model_dump().items():
+            out.print(f"{key:24s} {value}", markup=False)
+        return
+    for line in lines(report):
         out.print(line, markup=False)
 
 
@@ -187,80 +208,56 @@ async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:
     from corral.bench_sensor import describe, run_sensor
 
     rounds = 3
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench --sensor", total=4 * rounds)
-        report = await run_sensor(
-            ctx.config, n=n, rounds=rounds, tick=lambda: progress.advance(task)
-        )
-    if as_json:
-        emit_json(report)
-        return
-    for line in describe(report):
-        out.print(line, markup=False)
+    report = await _with_progress(
+        "bench --sensor",
+        4 * rounds,
+        lambda tick: run_sensor(ctx.config, n=n, rounds=rounds, tick=tick),
+    )
+    _show(report, as_json, describe)
 
 
 async def _bench_peers(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bool) -> None:
     from corral.bench_peers import describe_peers, run_peers
 
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench --peers", total=6 * n + 6 * exec_n)
-        report = await run_peers(
-            ctx.config,
-            n=n,
-            concurrency=concurrency,
-            exec_n=exec_n,
-            tick=lambda: progress.advance(task),
-        )
-    if as_json:
-        emit_json(report)
-        return
-    for line in describe_peers(report):
-        out.print(line, markup=False)
+    report = await _with_progress(
+        "bench --peers",
+        6 * n + 6 * exec_n,
+        lambda tick: run_peers(ctx.config, n=n, concurrency=concurrency, exec_n=exec_n, tick=tick),
+    )
+    _show(report, as_json, describe_peers)
 
 
 async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_json: bool) -> None:
     from corral.bench_elastic import run_elastic
 
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("idle sandboxes", total=idle)
-        report = await run_elastic(
-            ctx.config, idle=idle, busy=busy, spinning=spinning, tick=lambda: progress.advance(task)
-        )
-    if as_json:
-        emit_json(report)
-        return
-    for key, value in report.model_dump().items():
-        out.print(f"{key:24s} {value}", markup=False)
+    report = await _with_progress(
+        "idle sandboxes",
+        idle,
+        lambda tick: run_elastic(ctx.config, idle=idle, busy=busy, spinning=spinning, tick=tick),
+    )
+    _show(report, as_json)
 
 
 async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> None:
     from corral.bench_defense import VARIANTS, run_defense
 
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench --defense", total=n * len(VARIANTS) + 2 * density)
-        report = await run_defense(
-            ctx.config, n=n, density=density, tick=lambda: progress.advance(task)
-        )
-    if as_json:
-        emit_json(report)
-        return
-    for key, value in report.model_dump().items():
-        out.print(f"{key:24s} {value}", markup=False)
+    report = await _with_progress(
+        "bench --defense",
+        n * len(VARIANTS) + 2 * density,
+        lambda tick: run_defense(ctx.config, n=n, density=density, tick=tick),
+    )
+    _show(report, as_json)
 
 
 async def _bench_fork(ctx: Context, rounds: int, data_mb: int, as_json: bool) -> None:
     from corral.bench_fork import run_fork
 
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("fork rounds", total=rounds)
-        report = await run_fork(
-            ctx.config, rounds=rounds, data_mb=data_mb, tick=lambda: progress.advance(task)
-        )
-    if as_json:
-        emit_json(report)
-        return
-    for key, value in report.model_dump().items():
-        out.print(f"{key:24s} {value}", markup=False)
+    report = await _with_progress(
+        "fork rounds",
+        rounds,
+        lambda tick: run_fork(ctx.config, rounds=rounds, data_mb=data_mb, tick=tick),
+    )
+    _show(report, as_json)
 
 
 COMMANDS = [report, bench]

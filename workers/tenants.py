@@ -30,10 +30,9 @@ class TenantRuleViolation(CorralError):
 
 
 def check_tenant_rules(spec: EpisodeSpec, tenant: TenantConfig | None) -> None:
-    """Raise `TenantRuleViolation` if `spec` breaks a rule of `tenant` (None: no rules)."""
-    if tenant is None:
-        return
-    violation = tenant_rule_violation(spec, tenant)
+    """Raise `TenantRuleViolation` if `spec` breaks a rule of `tenant`; an undeclared
+    tenant has the defaults (anything goes but dropping the user namespace)."""
+    violation = tenant_rule_violation(spec, tenant or TenantConfig())
     if violation:
         raise TenantRuleViolation(violation)
 

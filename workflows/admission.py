@@ -110,7 +110,7 @@ def tenant_rule_violation(spec: EpisodeSpec, tenant: TenantConfig) -> str | None
             return (
                 f"tenant '{name}' does not allow egress to {rule.cidr} (allowed: {tenant.egress})"
             )
-    if getattr(spec, "user_namespace", True) is False and not tenant.allow_no_user_namespace:
+    if not spec.user_namespace and not tenant.allow_no_user_namespace:
         return f"tenant '{name}' requires a user namespace"
     return _larger_than_quota(spec, tenant)
 

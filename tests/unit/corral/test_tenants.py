@@ -62,3 +62,12 @@ def test_a_bad_tenant_entry_is_one_clear_error(tmp_path: Path) -> None:
     path.write_text("tenants:\n  research: {max_episode: 4}\n")
     with pytest.raises(ConfigError, match=r"tenants\.research\.max_episode: Extra inputs"):
         load_config(path, env={})
+
+
+def test_dropping_the_user_namespace_needs_a_tenant_that_allows_it() -> None:
+    spec = EpisodeSpec(image="busybox", tenant="anyone", user_namespace=False)
+    with pytest.raises(TenantRuleViolation, match="tenant 'anyone' requires a user namespace"):
+        prepare_for_tenant(StackConfig(), spec)
+    allowed = StackConfig(tenants={"anyone": TenantConfig(allow_no_user_namespace=True)})
+    checked, _ = prepare_for_tenant(allowed, spec)
+    assert checked.user_namespace is False

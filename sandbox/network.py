@@ -79,6 +79,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.errors import NetworkError
+from sandbox.hosttools import run_tool
 
 __all__ = [
     "EgressRule",
@@ -324,28 +325,14 @@ async def _run(
     ok_stderr: tuple[str, ...] = (),
 ) -> str:
     """Run a command; raise a one-line NetworkError unless it succeeds (or fails benignly)."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        raise NetworkError(f"sandbox {sandbox_id}: {what}: cannot run {argv[0]}: {exc}") from exc
-    try:
-        out, err = await asyncio.wait_for(
-            proc.communicate(stdin.encode() if stdin is not None else None), COMMAND_TIMEOUT_S
-        )
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise NetworkError(f"sandbox {sandbox_id}: {what}: {argv[0]} timed out") from exc
-    text = err.decode(errors="replace").strip()
-    if proc.returncode != 0 and not any(s in text for s in ok_stderr):
-        first = text.splitlines()[0] if text else f"exit status {proc.returncode}"
-        raise NetworkError(f"sandbox {sandbox_id}: {what} failed: {first}")
-    return out.decode(errors="replace")
+    return await run_tool(
+        f"sandbox {sandbox_id}: {what}",
+        *argv,
+        error=NetworkError,
+        stdin=stdin,
+        ok_stderr=ok_stderr,
+        timeout_s=COMMAND_TIMEOUT_S,
+    )
 
 
 async def _nft(sandbox_id: str, what: str, script: str) -> None:

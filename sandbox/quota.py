@@ -26,7 +26,6 @@ mount, no loop device. The ioctl numbers and structs are the kernel's UAPI
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import os
@@ -34,6 +33,7 @@ import stat
 import struct
 from pathlib import Path
 
+from sandbox import hosttools
 from sandbox.errors import SandboxError
 
 SNAPSHOTTER_DIR = "io.containerd.snapshotter.v1.overlayfs"
@@ -161,26 +161,8 @@ def _enable_quota(mount_point: Path) -> None:
 
 
 async def run_tool(what: str, *argv: str, error: type[SandboxError] = QuotaError) -> str:
-    """Run a host tool; raise ``error`` naming ``what`` and its first stderr line on failure."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        raise error(f"{what}: cannot run {argv[0]}: {exc}") from exc
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise error(f"{what}: {argv[0]} timed out") from exc
-    if proc.returncode != 0:
-        lines = err.decode(errors="replace").strip().splitlines()
-        raise error(f"{what} failed: {lines[0] if lines else f'exit status {proc.returncode}'}")
-    return out.decode()
+    """A host tool for the quota filesystem; failures are `error` naming `what`."""
+    return await hosttools.run_tool(what, *argv, error=error, timeout_s=COMMAND_TIMEOUT_S)
 
 
 async def ensure_quota_fs(

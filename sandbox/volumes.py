@@ -16,12 +16,12 @@ autoclear, so the loop device goes away with the last unmount. Costs about
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from pathlib import Path
 
 from sandbox.errors import SandboxError
+from sandbox.hosttools import run_tool
 
 COMMAND_TIMEOUT_S = 30.0
 
@@ -45,25 +45,9 @@ def is_mounted(path: Path) -> bool:
 
 
 async def _run(sandbox_id: str, what: str, *argv: str) -> None:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        raise VolumeError(f"sandbox {sandbox_id}: {what}: cannot run {argv[0]}: {exc}") from exc
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
-    except TimeoutError as exc:
-        proc.kill()
-        await proc.wait()
-        raise VolumeError(f"sandbox {sandbox_id}: {what}: {argv[0]} timed out") from exc
-    if proc.returncode != 0:
-        text = err.decode(errors="replace").strip()
-        first = text.splitlines()[0] if text else f"exit status {proc.returncode}"
-        raise VolumeError(f"sandbox {sandbox_id}: {what} failed: {first}")
+    await run_tool(
+        f"sandbox {sandbox_id}: {what}", *argv, error=VolumeError, timeout_s=COMMAND_TIMEOUT_S
+    )
 
 
 async def create_workspace(root: Path, sandbox_id: str, size_mb: int, uid: int, gid: int) -> Path:

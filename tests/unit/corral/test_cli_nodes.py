@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 from temporalio.client import TLSConfig
-from test_corral_cli import run_cli
+from test_corral_cli import assert_one_line_error, run_cli
 
 from policies.alert import make_alert
 from policies.responses import Decision
@@ -42,11 +42,7 @@ CONFIG = REPO / "temporal-dev.yaml"
 def test_bad_node_input_gets_a_one_line_error(
     args: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
-    done = run_cli(*args, tmp_path=tmp_path)
-    assert done.returncode != 0
-    error_lines = [line for line in done.stderr.splitlines() if line.startswith("Error")]
-    assert len(error_lines) == 1, done.stderr
-    assert message in error_lines[0]
+    assert_one_line_error(run_cli(*args, tmp_path=tmp_path), message)
     assert not (tmp_path / "nodes").exists(), "a refused command left state behind"
 
 

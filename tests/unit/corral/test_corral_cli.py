@@ -51,6 +51,14 @@ def test_batch_summary_counts_outcomes_and_reasons() -> None:
     assert summary["per_second"] == 3.0
 
 
+def assert_one_line_error(done: subprocess.CompletedProcess[str], message: str) -> None:
+    """The command failed with exactly one error line, and it says `message`."""
+    assert done.returncode != 0
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert len(error_lines) == 1, done.stderr
+    assert message in error_lines[0]
+
+
 def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
@@ -75,8 +83,4 @@ def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 def test_bad_input_gets_a_one_line_error(
     args: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
-    done = run_cli(*args, tmp_path=tmp_path)
-    assert done.returncode != 0
-    error_lines = [line for line in done.stderr.splitlines() if line.startswith("Error")]
-    assert len(error_lines) == 1, done.stderr
-    assert message in error_lines[0]
+    assert_one_line_error(run_cli(*args, tmp_path=tmp_path), message)

@@ -16,7 +16,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import urllib.parse
@@ -31,6 +30,7 @@ import pytest_asyncio
 from corral import Corral, Episode
 from tests.integration import conftest as integration
 from tests.integration.conftest import REPO, wait_for
+from tests.net import free_port
 from workers.config import StackConfig, load_config
 from workers.stack import Stack
 
@@ -92,12 +92,6 @@ class Page:
         raise AssertionError(f"{where['result'].get('value')} never showed it; it showed: {shown}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _page_socket(http: aiohttp.ClientSession, port: int) -> str:
     """The DevTools websocket of Chromium's first tab, once it answers."""
     deadline = time.monotonic() + PAGE_CAP_S
@@ -148,7 +142,7 @@ async def webui_stack(webui_config: StackConfig) -> AsyncIterator[Stack]:
 
 @pytest_asyncio.fixture
 async def page(tmp_path: Path) -> AsyncIterator[Page]:
-    port = _free_port()
+    port = free_port()
     browser = await asyncio.create_subprocess_exec(
         "chromium", *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
         f"--remote-debugging-port={port}", "about:blank",

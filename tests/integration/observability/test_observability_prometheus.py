@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -23,6 +22,7 @@ from corral import Corral, EpisodeFailed
 from corral.cli_observability import stack_targets
 from observability.prometheus import prometheus_yaml
 from tests.integration.conftest import wait_for
+from tests.net import free_port
 from tests.unit.corral.test_corral_observability_files import DASHBOARD, dashboard_metrics
 from workers.stack import Stack
 
@@ -34,18 +34,12 @@ pytestmark = [
 NOTICE_RULE = "Write below etc in sandbox"  # notify: recorded, the episode goes on
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def prometheus(stack: Stack, tmp_path: Path) -> Iterator[str]:
     """Prometheus scraping the session stack every second; its HTTP API's base URL."""
     config = tmp_path / "prometheus.yml"
     config.write_text(prometheus_yaml(stack_targets(stack.config), interval_s=1))
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     log = (tmp_path / "prometheus.log").open("wb")
     data = tmp_path / "data"
     argv = [f"--config.file={config}", f"--storage.tsdb.path={data}", "--log.level=warn"]

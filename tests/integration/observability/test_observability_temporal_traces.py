@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import sys
 import uuid
 from datetime import timedelta
@@ -18,6 +17,8 @@ import pytest
 from temporalio import activity, workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+
+from tests.net import free_port
 
 with workflow.unsafe.imports_passed_through():
     import polars as pl
@@ -64,12 +65,6 @@ def _temporal_binary() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ancestors(df: pl.DataFrame, span_id: str) -> list[str]:
     parents = dict(zip(df["span_id"], df["parent_id"], strict=True))
     names = dict(zip(df["span_id"], df["name"], strict=True))
@@ -83,7 +78,7 @@ def _ancestors(df: pl.DataFrame, span_id: str) -> list[str]:
 async def test_client_workflow_and_activity_share_one_trace(tmp_path: Path) -> None:
     trace_file = tmp_path / "spans.jsonl"
     setup_tracing(SERVICE, path=trace_file)
-    metrics_port = _free_port()
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=_temporal_binary(),
         interceptors=[temporal_tracing_interceptor()],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -34,19 +33,6 @@ class RegistryServer:
         """Where the filesystem driver keeps a blob's bytes (to corrupt one on purpose)."""
         hexdigest = digest.split(":", 1)[1]
         return self.storage / "docker/registry/v2/blobs/sha256" / hexdigest[:2] / hexdigest / "data"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def marked_image(client: Containerd, name: str, marker: str | None = None) -> ImageInfo:

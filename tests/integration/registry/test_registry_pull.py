@@ -10,7 +10,7 @@ import json
 import uuid
 
 import pytest
-from registry_helpers import RegistryServer, free_port, push_marked, run_once
+from registry_helpers import RegistryServer, push_marked, run_once
 
 from sandbox import Containerd, SandboxSpec
 from sandbox.images import LAST_USED_LABEL
@@ -22,6 +22,7 @@ from sandbox.registry import (
     RegistryOptions,
     RegistrySession,
 )
+from tests.net import free_port
 
 
 async def _nothing_left(client: Containerd, name: str, content_before: set[str]) -> None:

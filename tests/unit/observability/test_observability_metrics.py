@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import Iterator
 
@@ -16,6 +15,7 @@ from observability.metrics import (
     setup_metrics,
     temporal_runtime_with_prometheus,
 )
+from tests.net import free_port
 
 
 @pytest.fixture
@@ -23,12 +23,6 @@ def metrics() -> Iterator[Metrics]:
     m = setup_metrics("corral-test-metrics", prometheus_port=0)
     yield m
     m.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_served_on_localhost_and_scraped(metrics: Metrics) -> None:
@@ -134,7 +128,7 @@ def test_parse_metrics_sums_by_sample_name() -> None:
 
 
 def test_temporal_runtime_serves_prometheus() -> None:
-    port = _free_port()
+    port = free_port()
     runtime = temporal_runtime_with_prometheus(port)
     assert runtime is not None
     # The core's endpoint answers before any client exists (possibly empty).

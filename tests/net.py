@@ -1,0 +1,12 @@
+"""Network helpers the tests share."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -111,7 +111,11 @@ async def test_workflow_worker_killed_mid_step(
     assert result.outcome == "completed", result.reason
     assert [(s.index, s.exit_code) for s in result.steps] == [(0, 0), (1, 0), (2, 0), (3, 0)]
     assert result.reward is not None and result.reward.stdout == "1\n2\n3\n"
-    assert not await sandbox_exists(stack_config, result.sandbox_id)
+
+    async def removed() -> bool:  # a lean run's node tears down just after the result
+        return not await sandbox_exists(stack_config, result.sandbox_id)
+
+    await eventually(removed, what="sandbox removed")
 
 
 async def test_workflow_worker_killed_during_an_interactive_update(

@@ -16,7 +16,7 @@ before it polls for work.
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import workflow
@@ -31,6 +31,7 @@ HEARTBEAT_EVERY_S = 5.0
 # Lost within 30 s of the last heartbeat: LOST_AFTER_S plus one check period.
 LOST_AFTER_S = 20.0
 CHECK_EVERY_S = 5.0
+RETELL_LOST_EVERY_S = 30.0
 # Hand over to a new run long before the history grows large (a signal per node
 # every few seconds adds up).
 MAX_SIGNALS_PER_RUN = 2000
@@ -49,6 +50,7 @@ class NodeRegistryWorkflow:
         self._s = state or RegistryState()
         self._signals = 0
         self._lost_queue: list[str] = []
+        self._told: dict[str, datetime] = {}  # when each lost node's episodes were told
 
     @workflow.run
     async def run(self, state: RegistryState | None = None) -> None:
@@ -69,8 +71,18 @@ class NodeRegistryWorkflow:
             silent = (now - info.last_seen).total_seconds()
             if info.state != "lost" and silent > LOST_AFTER_S:
                 info.state = "lost"
-                self._lost_queue.append(info.name)
                 workflow.logger.warning("node %s lost: silent for %.0f s", info.name, silent)
+            if info.state == "lost" and self._tell_due(info.name, now):
+                # Told again while it stays lost: an episode that visibility did
+                # not list yet the first time must not wait on the dead node.
+                self._told[info.name] = now
+                self._lost_queue.append(info.name)
+        for name in [n for n in self._told if self._s.nodes[n].state != "lost"]:
+            del self._told[name]
+
+    def _tell_due(self, node: str, now: datetime) -> bool:
+        told = self._told.get(node)
+        return told is None or (now - told).total_seconds() >= RETELL_LOST_EVERY_S
 
     async def _tell_episodes(self, node: str) -> None:
         await workflow.execute_activity(

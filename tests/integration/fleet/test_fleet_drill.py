@@ -8,12 +8,13 @@ registry says it is lost, and the node rejoins with its leftovers reaped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
 import pytest
 
-from corral.errors import EpisodeError
+from corral.errors import CorralError, EpisodeError
 from corral.sdk import Corral, Episode
 from sandbox import Containerd
 from tests.integration.conftest import wait_for
@@ -63,27 +64,35 @@ async def test_batch_survives_a_node_crash(fleet: Stack, fleet_corral: Corral) -
     await wait_for(some_on_victim, timeout_s=120)
     await fleet.node_kill(VICTIM)
     killed_at = time.monotonic()
+    second: list[Episode] = []
+    rejoined = False
+    try:
+        await wait_for(lambda: _lost(fleet_corral), timeout_s=60)
+        second = [await fleet_corral.start_episode(SPEC) for _ in range(30)]
 
-    await wait_for(lambda: _lost(fleet_corral), timeout_s=60)
-    second = [await fleet_corral.start_episode(SPEC) for _ in range(30)]
+        # The promise: 90 s after the crash no episode of the batch that
+        # was running then still runs (none hangs on the dead node).
+        await asyncio.sleep(max(0.0, killed_at + 90 - time.monotonic()))
+        still = [e.id for e in first if await _running(fleet_corral, e)]
+        assert still == [], f"still running 90 s after {VICTIM} crashed: {still}"
 
-    # The promise: 90 s after the crash no episode of the batch that was
-    # running then still runs (none hangs on the dead node).
-    await asyncio.sleep(max(0.0, killed_at + 90 - time.monotonic()))
-    still = [e.id for e in first if await _running(fleet_corral, e)]
-    assert still == [], f"still running 90 s after {VICTIM} crashed: {still}"
+        results = await asyncio.gather(*(_outcome(e) for e in first + second))
+        outcomes = Counter(
+            "completed" if r.outcome == "completed" else f"{r.outcome}: {r.reason}" for r in results
+        )
+        assert set(outcomes) <= {"completed", f"failed: node lost: {VICTIM}"}, outcomes
+        assert outcomes["completed"] >= 30, outcomes  # the healthy nodes did their share
+        assert all(r.node != VICTIM for r in results[30:]), "placed on a lost node"
 
-    results = await asyncio.gather(*(_outcome(e) for e in first + second))
-
-    outcomes = Counter(
-        "completed" if r.outcome == "completed" else f"{r.outcome}: {r.reason}" for r in results
-    )
-    assert set(outcomes) <= {"completed", f"failed: node lost: {VICTIM}"}, outcomes
-    assert outcomes["completed"] >= 30, outcomes  # the healthy nodes did their share
-    assert all(r.node != VICTIM for r in results[30:]), "placed on a lost node"
-
-    await fleet.node_up(VICTIM)
-    assert await _sandboxes_on(fleet, VICTIM) == []  # leftovers reaped before new work
-    assert any(
-        n.name == VICTIM and n.state == "ready" for n in await list_nodes(fleet_corral.client)
-    )
+        await fleet.node_up(VICTIM)
+        rejoined = True
+        assert await _sandboxes_on(fleet, VICTIM) == []  # leftovers reaped before new work
+        nodes = await list_nodes(fleet_corral.client)
+        assert any(n.name == VICTIM and n.state == "ready" for n in nodes)
+    finally:
+        # Whatever failed, leave the rig as the other fleet tests expect it.
+        for episode in first + second:
+            with contextlib.suppress(CorralError):
+                await episode.cancel()
+        if not rejoined:
+            await fleet.node_up(VICTIM)

@@ -1,0 +1,94 @@
+"""NodeRegistryWorkflow on the time-skipping test server: joins, drains, losses.
+
+`corral.node_lost` is a fake that records whom it was asked to tell; the real
+fan-out (visibility query + signals) runs on the stack in the fleet tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from temporalio import activity
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+from test_episode_time_skipping import _test_server
+
+from activities.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
+from workers.workflow_worker import workflow_runner
+from workflows.nodes import (
+    LOST_AFTER_S,
+    RETELL_LOST_EVERY_S,
+    NodeRegistryWorkflow,
+    drain_node,
+    list_nodes,
+    registry_handle,
+    send_heartbeat,
+)
+
+QUEUE = "registry-under-test"
+
+
+def _beat(name: str) -> NodeHeartbeat:
+    return NodeHeartbeat(
+        name=name,
+        task_queue=f"corral-node-{name}",
+        version="test",
+        capacity=NodeCapacity(cores=2, memory_mb=1024, pids=1000, max_sandboxes=10),
+        use=NodeUsage(),
+    )
+
+
+@pytest.fixture
+async def registry() -> AsyncIterator[tuple[WorkflowEnvironment, list[str]]]:
+    """A registry worker on the time-skipping server, and whom `node_lost` was asked to tell."""
+    told: list[str] = []
+
+    @activity.defn(name="corral.node_lost")
+    async def node_lost(lost: NodeLostInput) -> int:
+        told.append(lost.node)
+        return 0
+
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=_test_server(), data_converter=pydantic_data_converter
+    )
+    try:
+        async with Worker(
+            env.client,
+            task_queue=QUEUE,
+            workflows=[NodeRegistryWorkflow],
+            activities=[node_lost],
+            workflow_runner=workflow_runner(),
+        ):
+            yield env, told
+            await registry_handle(env.client).terminate()
+    finally:
+        await env.shutdown()
+
+
+async def test_join_drain_and_loss(registry: tuple[WorkflowEnvironment, list[str]]) -> None:
+    env, told = registry
+    await send_heartbeat(env.client, QUEUE, _beat("a"))
+    await send_heartbeat(env.client, QUEUE, _beat("b"))
+    assert {(n.name, n.state) for n in await list_nodes(env.client)} == {
+        ("a", "ready"),
+        ("b", "ready"),
+    }
+    await drain_node(env.client, "b")
+    assert {n.name: n.state for n in await list_nodes(env.client)}["b"] == "draining"
+
+    # "a" keeps beating, "b" goes silent: lost within LOST_AFTER_S plus a check.
+    for _ in range(int(LOST_AFTER_S // 5) + 2):
+        await env.sleep(timedelta(seconds=5))
+        await send_heartbeat(env.client, QUEUE, _beat("a"))
+    states = {n.name: n.state for n in await list_nodes(env.client)}
+    assert states == {"a": "ready", "b": "lost"}
+    assert told == ["b"]
+
+    await env.sleep(timedelta(seconds=RETELL_LOST_EVERY_S + 10))
+    assert told.count("b") >= 2  # told again while it stays lost
+
+    await send_heartbeat(env.client, QUEUE, _beat("b"))  # it comes back, still drained
+    assert {n.name: n.state for n in await list_nodes(env.client)}["b"] == "draining"

@@ -19,12 +19,13 @@ pytestmark = pytest.mark.integration
 
 
 # From three processes (client, workflow worker, node worker), each exporting
-# in batches: wait until all have written theirs.
+# in batches: wait until all have written theirs. A one-step scripted episode
+# takes the lean path: one node activity, whose teardown follows its result.
 EXPECTED_SPANS = {
     "RunWorkflow:EpisodeWorkflow",
-    "RunActivity:corral.provision",
-    "RunActivity:corral.exec_step",
-    "RunActivity:corral.teardown",
+    "RunActivity:corral.run_scripted",
+    "corral.provision",
+    "corral.teardown",
     "containerd/Tasks/Create",
     "containerd/Tasks/Exec",
     "containerd/Tasks/Delete",
@@ -72,10 +73,12 @@ async def test_episode_trace_reaches_containerd(corral: Corral, stack_config: St
     assert set(trace["name"]) >= EXPECTED_SPANS
     by_name = {row["name"]: row for row in trace.iter_rows(named=True)}
     create_chain = _ancestors(trace, by_name["containerd/Tasks/Create"]["span_id"])
-    assert create_chain[:2] == ["corral.provision", "RunActivity:corral.provision"]
+    assert create_chain[:2] == ["corral.provision", "RunActivity:corral.run_scripted"]
     assert create_chain[-1] == "StartWorkflow:EpisodeWorkflow"
     exec_chain = _ancestors(trace, by_name["containerd/Tasks/Exec"]["span_id"])
-    assert "RunActivity:corral.exec_step" in exec_chain
+    assert "RunActivity:corral.run_scripted" in exec_chain
+    delete_chain = _ancestors(trace, by_name["containerd/Tasks/Delete"]["span_id"])
+    assert delete_chain[0] == "corral.teardown"
     provision = json.loads(by_name["corral.provision"]["attributes"])
     assert provision["corral.workflow_id"] == episode_id
     assert provision["corral.sandbox_id"] == result.sandbox_id

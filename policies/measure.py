@@ -153,8 +153,9 @@ class OverheadReport:
     execs: int
     off_s: list[float]
     on_s: list[float]
-    events_seen: int = 0
+    events_seen: int = 0  # past the prefilter: evaluated by the engine
     matches: int = 0
+    records_seen: int = 0  # kernel records the sensor read while on
 
     @property
     def off_min_s(self) -> float:
@@ -181,8 +182,8 @@ class OverheadReport:
                 f"{statistics.median(self.off_s) * 1000:.0f} ms, on min "
                 f"{self.on_min_s * 1000:.0f} ms / median "
                 f"{statistics.median(self.on_s) * 1000:.0f} ms: {self.overhead_pct:+.1f}% "
-                f"(min), {self.overhead_median_pct:+.1f}% (median); "
-                f"{self.events_seen} events evaluated")  # fmt: skip
+                f"(min), {self.overhead_median_pct:+.1f}% (median); {self.records_seen} "
+                f"records read, {self.events_seen} events evaluated")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "overhead_pct": self.overhead_pct,
@@ -215,6 +216,7 @@ async def sensor_overhead(
     resolver.containers[sandbox_id] = ContainerInfo(full_id=sandbox_id, image="busybox")
     off: list[float] = []
     on: list[float] = []
+    records = 0
     async with await Containerd.connect(
         str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
     ) as client:
@@ -231,6 +233,7 @@ async def sensor_overhead(
                 sensor = await start_sensor(engine, resolver, counter.on_event, say)
                 try:
                     batch = [await _timed(sandbox, loop) for _ in range(repeats)]
+                    records += sensor.stats.records
                 finally:
                     await sensor.stop()
                 say(f"round {r + 1} sensor on: {[round(x * 1000) for x in batch]} ms")
@@ -238,7 +241,7 @@ async def sensor_overhead(
         finally:
             with contextlib.suppress(CorralError):
                 await client.destroy_sandbox(sandbox_id)
-    return OverheadReport(execs, off, on, counter.events, counter.matches)
+    return OverheadReport(execs, off, on, counter.events, counter.matches, records)
 
 
 class _Counter:

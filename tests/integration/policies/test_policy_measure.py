@@ -32,7 +32,9 @@ async def test_measure_alert_to_frozen_and_sensor_overhead(sensors: Stack, corra
         rules = [config.resolve(p) for p in config.sensor.rules]
         overhead = await sensor_overhead(config, rules, execs=500, repeats=5, say=print)
         print(overhead.line())
-        assert overhead.events_seen > 0
+        # The sensor read the loop's records; the prefilter may drop every event
+        # of a /bin/true loop before the engine (no loaded rule can match one).
+        assert overhead.records_seen > 0
     finally:
         for node, name in zip(config.node_names(), names, strict=True):
             (config.state / "run" / f"{name}.ready").unlink(missing_ok=True)

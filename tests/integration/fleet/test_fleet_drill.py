@@ -22,7 +22,8 @@ from workers.stack import Stack
 from workflows.models import EpisodeResult
 from workflows.nodes import list_nodes
 
-pytestmark = pytest.mark.integration
+# A crash, the 90 s promise, 60 episodes and a rejoin take minutes on 2 cores.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 VICTIM = "node-2"
 SPEC = {"image": "busybox", "steps": ["sleep 2", "echo done"]}

@@ -36,12 +36,14 @@ from observability.records import RecordWriter
 from sandbox.images import resolve_image_name
 
 NODE_LOST_SIGNAL = "node_lost"
-# A placement counts against its node until the node's heartbeats show it.
+# A placement counts against its node until a heartbeat newer than it (which
+# counts the sandbox itself), and at most this long.
 RESERVATION_TTL_S = 15.0
 
 
 @dataclass
 class _Reservation:
+    made: float  # wall clock, comparable with the registry's last_seen
     expires: float
     cpu_cores: float
     memory_mb: int
@@ -59,6 +61,7 @@ class Reservations:
     def add(self, node: str, request: PlaceInput) -> None:
         self.by_node.setdefault(node, []).append(
             _Reservation(
+                time.time(),
                 time.monotonic() + RESERVATION_TTL_S,
                 request.cpu_cores,
                 request.memory_mb,
@@ -67,9 +70,10 @@ class Reservations:
             )
         )
 
-    def of(self, node: str) -> list[_Reservation]:
+    def of(self, node: str, reported_at: float = 0.0) -> list[_Reservation]:
+        """The node's reservations its last report (at `reported_at`) cannot show yet."""
         now = time.monotonic()
-        live = [r for r in self.by_node.get(node, []) if r.expires > now]
+        live = [r for r in self.by_node.get(node, []) if r.expires > now and r.made >= reported_at]
         self.by_node[node] = live
         return live
 
@@ -126,7 +130,7 @@ def choose_node(
         if node.name in request.exclude:
             problems.append(f"{node.name} lost")
             continue
-        reserved = reservations.of(node.name)
+        reserved = reservations.of(node.name, node.last_seen.timestamp())
         problem = room_problem(node, request, reserved)
         if problem is not None:
             problems.append(f"{node.name} {problem}")

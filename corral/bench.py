@@ -109,10 +109,14 @@ async def run_bench(
     exec_n: int,
     tick: Callable[[], None] = lambda: None,
     meter: EpisodeMeter | None = None,
+    raw_meter: EpisodeMeter | None = None,
     cold: bool = False,
+    sequential: bool = False,
 ) -> BenchReport:
     """`cold`: episodes of a shape the warm pool does not serve (one MiB more
-    memory), so every one creates its sandbox; `meter` brackets the episode series."""
+    memory), so every one creates its sandbox; `meter` and `raw_meter` bracket
+    the episode and the raw lifecycle series; `sequential` adds a one-at-a-time
+    episode series (latency without queueing, as peers are timed)."""
     node = config.node_names()[0]
     tag = uuid.uuid4().hex[:8]
     spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={"corral.bench": tag})
@@ -128,7 +132,11 @@ async def run_bench(
             finally:
                 await raw.destroy_sandbox(sandbox_id)
 
+        if raw_meter is not None:
+            raw_meter.start()
         raw_series = await _measure("raw containerd lifecycle", n, concurrency, raw_lifecycle, tick)
+        if raw_meter is not None:
+            raw_meter.stop()
         raw_exec = await _raw_exec_series(raw, spec, tag, exec_n, tick)
         warm = await _warm_acquire_series(raw, tag, exec_n, tick)
 
@@ -151,8 +159,15 @@ async def run_bench(
     episode_series = await _measure("episode through Temporal", n, concurrency, one_episode, tick)
     if meter is not None:
         meter.stop()
+    if sequential:
+        # Fresh episode ids: the concurrent series' sandboxes may still be going.
+        series_one = await _measure(
+            "episode through Temporal (sequential)", n, 1, lambda i: one_episode(n + i), tick
+        )
     update_exec = await _update_exec_series(corral, node, tag, exec_n, tick)
     series = [raw_series, episode_series, raw_exec, update_exec, warm]
+    if sequential:
+        series.append(series_one)
     return BenchReport(
         n=n,
         concurrency=concurrency,

@@ -44,6 +44,9 @@ class PeersReport(BaseModel):
     ratios_cold: dict[str, float]
     cpu_ms_per_episode: dict[str, float]
     cpu_ms_per_episode_cold: dict[str, float]
+    # The same accounting around the raw lifecycles: the floor the sandbox
+    # itself costs (runc, shim, containerd) without Temporal or the sensor.
+    cpu_ms_per_raw_lifecycle: dict[str, float]
     targets: dict[str, str]
 
 
@@ -166,7 +169,7 @@ def _stack_pids(config: StackConfig) -> dict[str, list[int]]:
         "temporal server": [stack.process("temporal").pid()],
         "workflow worker": [stack.process("workflow-worker").pid()],
         "node worker": [stack.process(f"node-worker-{n}").pid() for n in nodes],
-        "containerd": [stack.daemon(n).pid() for n in nodes],
+        "containerd": [stack.daemon(n).pid for n in nodes],
         "sensor": [stack.process(f"sensor-{n}").pid() for n in nodes],
     }
     return {group: [pid for pid in pids if pid is not None] for group, pids in groups.items()}
@@ -210,6 +213,8 @@ class CpuMeter:
 def _peer_ratios(report: BenchReport, peers: list[PeerResult]) -> dict[str, float]:
     by_name = {s.name: s for s in report.series}
     episode, raw = by_name["episode through Temporal"], by_name["raw containerd lifecycle"]
+    # Latency as peers are timed, one at a time; throughput at the same concurrency.
+    alone = by_name.get("episode through Temporal (sequential)", episode)
     raw_exec = by_name["raw exec round trip"]
     update = by_name["exec round trip through a Temporal Update"]
     ratios = {
@@ -220,7 +225,7 @@ def _peer_ratios(report: BenchReport, peers: list[PeerResult]) -> dict[str, floa
     for key, name in (("docker", "docker"), ("ctr", "ctr")):
         found = peer.get(name)
         if found and found.sequential and found.concurrent:
-            ratios[f"episode p50 / {key} p50"] = _ratio(episode.p50_ms, found.sequential.p50_ms)
+            ratios[f"episode p50 / {key} p50"] = _ratio(alone.p50_ms, found.sequential.p50_ms)
             ratios[f"episode throughput / {key} throughput"] = _ratio(
                 episode.per_second, found.concurrent.per_second
             )
@@ -236,9 +241,15 @@ async def run_peers(
     tick: Callable[[], None] = lambda: None,
 ) -> PeersReport:
     peers = await _peers(config, n, concurrency, tick)
-    meters: dict[str, CpuMeter] = {"warm": CpuMeter(config), "cold": CpuMeter(config)}
+    meters = {name: CpuMeter(config) for name in ("warm", "cold", "raw")}
     warm = await run_bench(
-        config, n=n, concurrency=concurrency, exec_n=exec_n, tick=tick, meter=meters["warm"]
+        config,
+        n=n,
+        concurrency=concurrency,
+        exec_n=exec_n,
+        tick=tick,
+        meter=meters["warm"],
+        sequential=True,
     )
     cold = await run_bench(
         config,
@@ -247,7 +258,9 @@ async def run_peers(
         exec_n=exec_n,
         tick=tick,
         meter=meters["cold"],
+        raw_meter=meters["raw"],
         cold=True,
+        sequential=True,
     )
     episodes = n
     return PeersReport(
@@ -258,6 +271,7 @@ async def run_peers(
         ratios_cold=_peer_ratios(cold, peers),
         cpu_ms_per_episode=meters["warm"].per_episode_ms(episodes),
         cpu_ms_per_episode_cold=meters["cold"].per_episode_ms(episodes),
+        cpu_ms_per_raw_lifecycle=meters["raw"].per_episode_ms(episodes),
         targets={
             "episode p50 / docker p50": "<= 0.5",
             "episode p50 / ctr p50": "<= 1.0",
@@ -292,6 +306,7 @@ def describe_peers(report: PeersReport) -> list[str]:
     for title, cpu in (
         ("warm", report.cpu_ms_per_episode),
         ("cold", report.cpu_ms_per_episode_cold),
+        ("raw lifecycle, no Temporal", report.cpu_ms_per_raw_lifecycle),
     ):
         lines.append(f"== CPU ms per episode ({title})")
         lines += [f"{k:50s} {v:7.1f}" for k, v in cpu.items()]

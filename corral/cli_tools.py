@@ -221,7 +221,7 @@ async def _bench_peers(ctx: Context, n: int, concurrency: int, exec_n: int, as_j
 
     report = await _with_progress(
         "bench --peers",
-        6 * n + 6 * exec_n,
+        8 * n + 6 * exec_n,
         lambda tick: run_peers(ctx.config, n=n, concurrency=concurrency, exec_n=exec_n, tick=tick),
     )
     _show(report, as_json, describe_peers)

@@ -97,3 +97,13 @@ def test_a_burst_spreads_over_equal_nodes() -> None:
     counts = Counter(choose_node(nodes, _request(), reservations, rng).node for _ in range(30))
     assert set(counts) == {"n0", "n1", "n2"}
     assert max(counts.values()) - min(counts.values()) <= 2
+
+
+def test_a_report_newer_than_a_placement_replaces_its_reservation() -> None:
+    capacity = NodeCapacity(cores=1, memory_mb=10**6, pids=10**6, max_sandboxes=1)
+    reservations, rng = Reservations(), random.Random(5)
+    assert choose_node([_node("n", capacity=capacity)], _request(), reservations, rng).node == "n"
+    assert choose_node([_node("n", capacity=capacity)], _request(), reservations, rng).node is None
+    # The node reported after that placement: its own count now says what it holds.
+    later = _node("n", capacity=capacity).model_copy(update={"last_seen": datetime.now(UTC)})
+    assert choose_node([later], _request(), reservations, rng).node == "n"

@@ -20,10 +20,9 @@ from episode_helpers import eventually, sandbox_exists
 
 from corral.errors import EpisodeKilled
 from corral.sdk import Corral, Episode
-from policies.alert import ANOMALY_SIGNAL, make_alert
-from policies.responses import Decision, DecisionAction
+from policies.alert import ANOMALY_SIGNAL
+from tests.alerts import anomaly_signal
 from workers.config import StackConfig
-from workflows.models import AnomalySignal
 
 pytestmark = pytest.mark.integration
 
@@ -62,23 +61,12 @@ async def test_interactive_history(corral: Corral) -> None:
     await _record(corral, episode, "interactive")
 
 
-def _alert(rule: str, action: DecisionAction) -> AnomalySignal:
-    """What the intake sends for an alert of `rule` that the responses map to `action`."""
-    alert = make_alert(
-        rule=rule,
-        priority="Warning",
-        output=f"{rule} fired",
-        output_fields={"container.id": "0123456789ab"},
-    )
-    return AnomalySignal(alert=alert, decision=Decision(action=action, rule=rule))
-
-
 async def test_quarantine_then_release_history(corral: Corral, stack_config: StackConfig) -> None:
     spec = {"image": "busybox", "interactive": True, "reward": "echo done"}
     episode = await corral.start_episode(spec, episode_id=f"hist-quarantine-{os.getpid()}")
     await episode.exec("echo before")
     handle = corral.client.get_workflow_handle(episode.id)
-    await handle.signal(ANOMALY_SIGNAL, _alert("Test suspicious shell", "quarantine"))
+    await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Test suspicious shell", "quarantine"))
 
     async def quarantined() -> bool:
         return (await episode.status()).quarantined
@@ -114,7 +102,7 @@ async def test_kill_history(corral: Corral, stack_config: StackConfig) -> None:
     episode = await corral.start_episode(spec, episode_id=f"hist-kill-{os.getpid()}")
     await episode.exec("true")
     await corral.client.get_workflow_handle(episode.id).signal(
-        ANOMALY_SIGNAL, _alert("Test crypto miner", "kill")
+        ANOMALY_SIGNAL, anomaly_signal("Test crypto miner", "kill")
     )
     with pytest.raises(EpisodeKilled, match="killed by rule 'Test crypto miner'") as caught:
         await episode.result()
@@ -128,7 +116,7 @@ async def test_on_call_kill_while_quarantined(corral: Corral, stack_config: Stac
     episode = await corral.start_episode({"image": "busybox", "interactive": True})
     await episode.exec("true")
     handle = corral.client.get_workflow_handle(episode.id)
-    await handle.signal(ANOMALY_SIGNAL, _alert("Test odd write", "quarantine"))
+    await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Test odd write", "quarantine"))
 
     async def quarantined() -> bool:
         return (await episode.status()).quarantined

@@ -43,11 +43,11 @@ from activities.models import (
     TeardownResult,
     WriteFileInput,
 )
-from policies.alert import ANOMALY_SIGNAL, make_alert
-from policies.responses import Decision, DecisionAction
+from policies.alert import ANOMALY_SIGNAL
+from tests.alerts import anomaly_signal
 from workers.workflow_worker import workflow_runner
 from workflows.episode import EpisodeWorkflow
-from workflows.models import AnomalySignal, EpisodeInput, EpisodeResult, ExecRequest, OnCallRequest
+from workflows.models import EpisodeInput, EpisodeResult, ExecRequest, OnCallRequest
 
 WORKFLOW_QUEUE = "episodes-under-test"
 NODE = "n1"
@@ -229,16 +229,6 @@ def _failure_of(err: WorkflowFailureError) -> ApplicationError:
     return err.cause
 
 
-def _signal(rule: str, action: DecisionAction) -> AnomalySignal:
-    alert = make_alert(
-        rule=rule,
-        priority="Warning",
-        output=f"{rule} fired",
-        output_fields={"container.id": "0123456789ab"},
-    )
-    return AnomalySignal(alert=alert, decision=Decision(action=action, rule=rule))
-
-
 async def test_a_short_script_runs_as_one_node_activity(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
@@ -293,7 +283,7 @@ async def test_on_call_kill_ends_an_interactive_episode_and_tears_down(
 async def test_rule_kill_names_the_rule(env: WorkflowEnvironment, node: FakeNode) -> None:
     handle = await _start(env)
     await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
-    await handle.signal(ANOMALY_SIGNAL, _signal("Miner", "kill"))
+    await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Miner", "kill"))
     with pytest.raises(WorkflowFailureError) as caught:
         await handle.result()
     assert _failure_of(caught.value).message == "killed by rule 'Miner'"
@@ -304,7 +294,7 @@ async def test_quarantine_freezes_refuses_requests_and_kills_on_its_timeout(
 ) -> None:
     handle = await _start(env, timeouts={"quarantine_s": 3600, "idle_ttl_s": 7200})
     await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
-    await handle.signal(ANOMALY_SIGNAL, _signal("Odd write", "quarantine"))
+    await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Odd write", "quarantine"))
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
     assert isinstance(refused.value.cause, ApplicationError)
@@ -320,7 +310,7 @@ async def test_release_thaws_and_the_episode_goes_on(
 ) -> None:
     handle = await _start(env)
     await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
-    await handle.signal(ANOMALY_SIGNAL, _signal("Odd write", "quarantine"))
+    await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Odd write", "quarantine"))
     await handle.signal("release", OnCallRequest(by="bob"))
     await _until(lambda: "thaw" in node.calls)
     assert (

@@ -88,8 +88,12 @@ async def test_batch_survives_a_node_crash(fleet: Stack, fleet_corral: Corral) -
         await fleet.node_up(VICTIM)
         rejoined = True
         assert await _sandboxes_on(fleet, VICTIM) == []  # leftovers reaped before new work
-        nodes = await list_nodes(fleet_corral.client)
-        assert any(n.name == VICTIM and n.state == "ready" for n in nodes)
+
+        async def ready_again() -> bool:  # on its first heartbeat after the rejoin
+            nodes = await list_nodes(fleet_corral.client)
+            return any(n.name == VICTIM and n.state == "ready" for n in nodes)
+
+        await wait_for(ready_again, timeout_s=60)
     finally:
         # Whatever failed, leave the rig as the other fleet tests expect it.
         for episode in first + second:

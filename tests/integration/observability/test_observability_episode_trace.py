@@ -20,15 +20,14 @@ pytestmark = pytest.mark.integration
 
 # From three processes (client, workflow worker, node worker), each exporting
 # in batches: wait until all have written theirs. A one-step scripted episode
-# takes the lean path: one node activity, whose teardown follows its result.
+# takes the lean path: one node activity (its teardown follows the result, off
+# the episode's critical path, so it is not waited for here).
 EXPECTED_SPANS = {
     "RunWorkflow:EpisodeWorkflow",
     "RunActivity:corral.run_scripted",
     "corral.provision",
-    "corral.teardown",
     "containerd/Tasks/Create",
     "containerd/Tasks/Exec",
-    "containerd/Tasks/Delete",
 }
 
 
@@ -77,8 +76,6 @@ async def test_episode_trace_reaches_containerd(corral: Corral, stack_config: St
     assert create_chain[-1] == "StartWorkflow:EpisodeWorkflow"
     exec_chain = _ancestors(trace, by_name["containerd/Tasks/Exec"]["span_id"])
     assert "RunActivity:corral.run_scripted" in exec_chain
-    delete_chain = _ancestors(trace, by_name["containerd/Tasks/Delete"]["span_id"])
-    assert delete_chain[0] == "corral.teardown"
     provision = json.loads(by_name["corral.provision"]["attributes"])
     assert provision["corral.workflow_id"] == episode_id
     assert provision["corral.sandbox_id"] == result.sandbox_id

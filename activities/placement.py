@@ -36,6 +36,8 @@ from observability.records import RecordWriter
 from sandbox.images import resolve_image_name
 
 NODE_LOST_SIGNAL = "node_lost"
+# A node not heard from for this long gets no new episode (heartbeats every 5 s).
+SILENT_AFTER_S = 15.0
 # A placement counts against its node until a heartbeat newer than it (which
 # counts the sandbox itself), and at most this long.
 RESERVATION_TTL_S = 15.0
@@ -87,6 +89,10 @@ def room_problem(node: NodeInfo, request: PlaceInput, reserved: list[_Reservatio
     """Why the node cannot take the episode now, or None when it can."""
     if node.state != "ready":
         return node.state
+    # Silent for three heartbeats: on its way to lost (and the cached registry
+    # may be a second behind the registry's own verdict).
+    if time.time() - node.last_seen.timestamp() > SILENT_AFTER_S:
+        return "silent"
     cap, use = node.heartbeat.capacity, node.heartbeat.use
     if use.sandboxes + len(reserved) + 1 > cap.max_sandboxes:
         return f"at its {cap.max_sandboxes} sandboxes"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from activities.models import (
     NodeCapacity,
@@ -38,7 +38,9 @@ def _node(
         images=list(images),
         warm={"corral.local/busybox:latest": warm} if warm else {},
     )
-    return NodeInfo(heartbeat=beat, state=state, last_seen=NOW, joined=NOW)
+    # Heard from 5 s ago: live, and before any placement a test makes.
+    heard = datetime.now(UTC) - timedelta(seconds=5)
+    return NodeInfo(heartbeat=beat, state=state, last_seen=heard, joined=NOW)
 
 
 def _request(**kw: object) -> PlaceInput:
@@ -107,3 +109,11 @@ def test_a_report_newer_than_a_placement_replaces_its_reservation() -> None:
     # The node reported after that placement: its own count now says what it holds.
     later = _node("n", capacity=capacity).model_copy(update={"last_seen": datetime.now(UTC)})
     assert choose_node([later], _request(), reservations, rng).node == "n"
+
+
+def test_a_silent_node_gets_no_episode_before_it_is_marked_lost() -> None:
+    silent = _node("quiet").model_copy(
+        update={"last_seen": datetime.now(UTC) - timedelta(seconds=16)}
+    )
+    placement = choose_node([silent], _request(), Reservations(), random.Random(2))
+    assert placement.node is None and "quiet silent" in placement.reason

@@ -84,7 +84,7 @@ async def test_episode_trace_reaches_containerd(corral: Corral, stack_config: St
     by_name = {row["name"]: row for row in trace.iter_rows(named=True)}
     create_chain = _ancestors(trace, by_name["containerd/Tasks/Create"]["span_id"])
     assert create_chain[:2] == ["corral.provision", "RunActivity:corral.run_scripted"]
-    assert "RunWorkflow:EpisodeWorkflow" in create_chain
+    assert "StartActivity:corral.run_scripted" in create_chain  # scheduled by the workflow
     exec_chain = _ancestors(trace, by_name["containerd/Tasks/Exec"]["span_id"])
     assert "RunActivity:corral.run_scripted" in exec_chain
     provision = json.loads(by_name["corral.provision"]["attributes"])

@@ -423,15 +423,7 @@ class NodeActivities:
         activity.logger.warning(
             "step %s of %s interrupted: %s", input.index, input.sandbox_id, cause
         )
-        return StepResult(
-            index=input.index,
-            cmd=input.step.display(),
-            exit_code=INTERRUPTED_EXIT_CODE,
-            stderr=f"corral: interrupted: {cause}",
-            source=input.source,
-            started_at=started_at,
-            interrupted=cause,
-        )
+        return interrupted_step(input, cause, started_at)
 
     def _step_output_dir(self, input: ExecStepInput) -> Path:
         return self._journal_dir(input.sandbox_id) / f"{input.index}.out"
@@ -516,6 +508,21 @@ class NodeActivities:
             self.read_file,
             self.reap_orphans,
         ]
+
+
+def interrupted_step(
+    input: ExecStepInput, cause: str, started_at: datetime | None = None
+) -> StepResult:
+    """A step lost with its sandbox, containerd or node: no real exit code."""
+    return StepResult(
+        index=input.index,
+        cmd=input.step.display(),
+        exit_code=INTERRUPTED_EXIT_CODE,
+        stderr=f"corral: interrupted: {cause}",
+        source=input.source,
+        started_at=started_at,
+        interrupted=cause,
+    )
 
 
 def record_episode(

@@ -25,7 +25,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import Outcome
-    from activities.node import INTERRUPTED_EXIT_CODE, NodeActivities
+    from activities.node import NodeActivities, interrupted_step
     from activities.placement import NODE_LOST_SIGNAL
     from activities.snapshots import SnapshotActivities
     from policies.alert import ANOMALY_SIGNAL
@@ -496,7 +496,7 @@ class EpisodeWorkflow:
             cause = _application_cause(err)
             if cause is not None and cause.type not in INTERRUPTING:
                 raise  # a bad request, not a lost step
-            result = _interrupted_step(request, str(cause.message) if cause else str(err))
+            result = interrupted_step(request, str(cause.message) if cause else str(err))
         self._s.steps.append(result)
         self._s.steps_this_run += 1
         self._touch()
@@ -959,18 +959,6 @@ def _step_failure(result: StepResult) -> str:
     if result.interrupted:
         return f"interrupted: {result.interrupted}"
     return "timed out" if result.timed_out else f"exited {result.exit_code}"
-
-
-def _interrupted_step(request: ExecStepInput, cause: str) -> StepResult:
-    """A step whose activity failed with its sandbox, containerd or node: no exit code."""
-    return StepResult(
-        index=request.index,
-        cmd=request.step.display(),
-        exit_code=INTERRUPTED_EXIT_CODE,
-        stderr=f"corral: interrupted: {cause}",
-        source=request.source,
-        interrupted=cause,
-    )
 
 
 def _outcome_of(err: ApplicationError) -> str:

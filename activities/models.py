@@ -321,18 +321,6 @@ class TeardownResult(BaseModel):
     teardown_s: float
 
 
-class NodeLoad(BaseModel):
-    node: str
-    sandboxes: int
-    load1: float
-    memory_available_mb: int
-    warm: int = 0  # warm-pool sandboxes of the image asked about
-
-    def score(self) -> float:
-        """Lower is better: a warm sandbox wins, then fewer sandboxes, then CPU load."""
-        return self.sandboxes + self.load1 - (1000.0 if self.warm else 0.0)
-
-
 class NodeCapacity(BaseModel):
     """What a node may hold: its budget. CPU is nominal (`cpu_cores` of the specs
     it holds may add up to `overcommit` x `cores`); memory and pids are real."""
@@ -474,10 +462,6 @@ class FetchImageInput(BaseModel):
 
     image: str
     from_node: str = ""
-
-
-class LoadInput(BaseModel):
-    image: str
 
 
 class RecordEpisodeInput(BaseModel):

@@ -17,7 +17,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -30,14 +29,12 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.capacity import committed, meminfo_mb, node_capacity, room_for
+from activities.capacity import committed, node_capacity, room_for
 from activities.models import (
     EpisodeSpec,
     ExecStepInput,
     FileContent,
-    LoadInput,
     NodeCapacity,
-    NodeLoad,
     NodeUsage,
     ProvisionInput,
     ProvisionResult,
@@ -141,17 +138,6 @@ class NodeActivities:
         self._background: set[asyncio.Task[None]] = set()  # teardowns after lean runs
 
     # ------------------------------------------------------------ lifecycle
-    @activity.defn(name="corral.load")
-    async def load(self, input: LoadInput) -> NodeLoad:
-        meminfo = _meminfo_available_mb()
-        return NodeLoad(
-            node=self.node,
-            sandboxes=self._sandbox_count,
-            load1=os.getloadavg()[0],
-            memory_available_mb=meminfo,
-            warm=self._pool.ready_for(input.image) if self._pool else 0,
-        )
-
     @activity.defn(name="corral.provision")
     async def provision(self, input: ProvisionInput) -> ProvisionResult:
         """The episode's sandbox: found again on a retry, warm if the pool has one,
@@ -497,7 +483,6 @@ class NodeActivities:
 
     def activities(self) -> list[Any]:
         return [
-            self.load,
             self.provision,
             self.teardown,
             self.freeze,
@@ -670,7 +655,3 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def _meminfo_available_mb() -> int:
-    return meminfo_mb("MemAvailable")

@@ -20,7 +20,6 @@ from workflows.models import (
     EpisodeResult,
     EpisodeSpec,
     ExecRequest,
-    NodeLoad,
     RecordEpisodeInput,
     StepResult,
 )
@@ -134,14 +133,6 @@ def test_episode_records_rows() -> None:
     episodes = [r for r in rows if isinstance(r, EpisodeRecord)]
     assert len(episodes) == 1 and episodes[0].reward == 1.0 and episodes[0].steps == 2
     assert [r.index for r in rows if isinstance(r, StepRecord)] == [0, 1]
-
-
-def test_node_load_prefers_warm_then_fewer_sandboxes() -> None:
-    warm = NodeLoad(node="a", sandboxes=50, load1=2, memory_available_mb=1, warm=1)
-    cold = NodeLoad(node="b", sandboxes=3, load1=0.5, memory_available_mb=1)
-    busy = NodeLoad(node="c", sandboxes=9, load1=0.1, memory_available_mb=1)
-    assert min([cold, busy, warm], key=NodeLoad.score) is warm
-    assert min([busy, cold], key=NodeLoad.score) is cold
 
 
 def test_batch_summary_counts_and_percentiles() -> None:

@@ -290,6 +290,8 @@ class SandboxRef(BaseModel):
 class TeardownInput(BaseModel):
     sandbox_id: str
     workflow_id: str = ""  # as in SandboxRef
+    # The closing episode's run: its lean run on the node is stopped first.
+    run_id: str = ""
     record: RecordEpisodeInput | None = None  # written to the store once torn down
 
 

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,12 @@ from sandbox.userns import range_for_tenant
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
+# A teardown waits this long for the lean run it stops to unwind.
+LEAN_STOP_WAIT_S = 30.0
+# A lean run's own teardown is tried this often before leaving it to the janitor.
+DESTROY_ATTEMPTS = 3
+# Closed episode runs remembered per node (a late lean run of one is refused).
+CLOSED_RUNS_KEPT = 10_000
 log = logging.getLogger("corral.node")
 INTERRUPTED_EXIT_CODE = 255
 
@@ -136,6 +143,12 @@ class NodeActivities:
         self._pool = pool
         self._sandbox_count = 0
         self._background: set[asyncio.Task[None]] = set()  # teardowns after lean runs
+        # Lean runs in flight, and the episode runs closed here, by workflow run
+        # id: the episode's teardown stops its lean run (or bars one that starts
+        # late), so a kill that lands while the sandbox is still being made
+        # leaves nothing behind.
+        self._lean_runs: dict[str, asyncio.Task[RunScriptedResult]] = {}
+        self._closed_runs: OrderedDict[str, None] = OrderedDict()
 
     # ------------------------------------------------------------ lifecycle
     @activity.defn(name="corral.provision")
@@ -224,6 +237,9 @@ class NodeActivities:
     @activity.defn(name="corral.teardown")
     async def teardown(self, input: TeardownInput) -> TeardownResult:
         started = time.monotonic()
+        if input.run_id:
+            self._close_run(input.run_id)
+            await self._stop_lean_run(input.run_id)
         input.sandbox_id = await self._resolve(input.sandbox_id, input.workflow_id)
         with span(
             "corral.teardown", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
@@ -292,8 +308,49 @@ class NodeActivities:
         A quarantine freezes the sandbox between or during steps; the next
         step waits for the thaw. The sandbox is destroyed after the result is
         returned; if this worker dies first, the janitor reaps it.
+
+        The run is registered under its workflow run id while it lasts: the
+        episode's teardown (a kill, a cancel) stops it before destroying the
+        sandbox, and a later attempt replaces an earlier one the server gave up on.
         """
-        provision = await self.provision(input.provision)
+        run_id = _workflow_run_id()
+        if not run_id:  # called outside an activity (tests, bench)
+            return await self._run_scripted(input)
+        await self._stop_lean_run(run_id)
+        if run_id in self._closed_runs:
+            raise _app_error_from_message(
+                "EpisodeClosed", "episode closed before its lean run started"
+            )
+        run = asyncio.create_task(self._run_scripted(input))
+        self._lean_runs[run_id] = run
+        try:
+            return await run
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the activity itself was cancelled
+            raise _app_error_from_message(
+                "EpisodeClosed", "lean run stopped: its episode closed"
+            ) from None
+        finally:
+            if self._lean_runs.get(run_id) is run:
+                del self._lean_runs[run_id]
+
+    async def _stop_lean_run(self, run_id: str) -> None:
+        """Stop this run's lean activity, if one is in flight here, and wait for it."""
+        run = self._lean_runs.get(run_id)
+        if run is None or run.done():
+            return
+        run.cancel()
+        await asyncio.wait({run}, timeout=LEAN_STOP_WAIT_S)
+
+    def _close_run(self, run_id: str) -> None:
+        self._closed_runs[run_id] = None
+        while len(self._closed_runs) > CLOSED_RUNS_KEPT:
+            self._closed_runs.popitem(last=False)
+
+    async def _run_scripted(self, input: RunScriptedInput) -> RunScriptedResult:
+        provision = await _uncut(self.provision(input.provision))
         sandbox_id = provision.sandbox_id
         for request in input.files:
             await self.write_file(WriteFileInput(sandbox_id=sandbox_id, request=request))
@@ -346,10 +403,18 @@ class NodeActivities:
         task.add_done_callback(self._background.discard)
 
     async def _destroy_quietly(self, sandbox_id: str) -> None:
-        try:
-            await self.teardown(TeardownInput(sandbox_id=sandbox_id))
-        except Exception as err:  # the janitor reaps what is left
-            log.warning("teardown of %s after its lean run failed: %s", sandbox_id, err)
+        for attempt in range(1, DESTROY_ATTEMPTS + 1):
+            try:
+                await self.teardown(TeardownInput(sandbox_id=sandbox_id))
+                return
+            except Exception as err:  # a busy containerd: once more, then the janitor
+                log.warning(
+                    "teardown of %s after its lean run failed (attempt %d): %s",
+                    sandbox_id,
+                    attempt,
+                    err,
+                )
+                await asyncio.sleep(attempt)
 
     async def _run_step(self, input: ExecStepInput) -> StepResult:
         step = input.step
@@ -622,6 +687,20 @@ async def _heartbeating(work: Awaitable[T]) -> T:
             activity.heartbeat()
 
 
+async def _uncut(work: Awaitable[T]) -> T:
+    """Run `work` to its end even if the caller is cancelled meanwhile, then
+    re-raise the cancellation. containerd goes on making a sandbox whose call
+    was cut off; the teardown that stopped the caller must find all of it."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # retrieved: its failure matters no more
+        raise
+
+
 async def _mapped(work: Awaitable[T]) -> T:
     try:
         return await work
@@ -638,6 +717,14 @@ def _to_app_error(err: CorralError) -> ApplicationError:
         "SandboxStartFailed",
     )
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
+
+
+def _workflow_run_id() -> str:
+    """The calling episode's run id, or "" outside an activity."""
+    try:
+        return activity.info().workflow_run_id or ""
+    except RuntimeError:
+        return ""
 
 
 def _app_error_from_message(error_type: str, message: str) -> ApplicationError:

@@ -828,7 +828,8 @@ class EpisodeWorkflow:
                 NodeActivities.teardown,
                 TeardownInput(
                     sandbox_id=self._s.sandbox_id,
-                    workflow_id=workflow.info().workflow_id,
+                    workflow_id=record.workflow_id,
+                    run_id=record.run_id,
                     record=record,
                 ),
                 timeout_s=120,

@@ -21,6 +21,18 @@ async def sandbox_ids(config: StackConfig) -> dict[str, set[str]]:
     return held
 
 
+async def sandboxes_of(config: StackConfig, workflow_id: str) -> list[str]:
+    """Every sandbox any node holds for this episode (a warm claim keeps its pool id)."""
+    found: list[str] = []
+    for node in config.node_names():
+        async with await Containerd.connect(
+            str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+        ) as client:
+            owned = await client.list_sandboxes({"corral.workflow_id": workflow_id})
+            found += [f"{node}/{info.id}" for info in owned]
+    return found
+
+
 async def sandbox_exists(config: StackConfig, sandbox_id: str) -> bool:
     return any(sandbox_id in ids for ids in (await sandbox_ids(config)).values())
 

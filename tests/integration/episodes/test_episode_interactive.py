@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from episode_helpers import eventually, sandbox_exists
+from episode_helpers import eventually, sandbox_exists, sandboxes_of
 from temporalio.client import WorkflowExecutionStatus
 
 from corral.errors import (
@@ -150,6 +150,27 @@ async def test_on_call_kill_signal(corral: Corral, stack_config: StackConfig) ->
     assert not await sandbox_exists(stack_config, sandbox_id_for(episode.id))
     desc = await corral.client.get_workflow_handle(episode.id).describe()
     assert desc.status == WorkflowExecutionStatus.FAILED  # red in the Web UI
+
+
+async def test_kill_while_the_sandbox_is_being_made_leaves_nothing(
+    corral: Corral, stack_config: StackConfig
+) -> None:
+    """A kill can land before the node has made the sandbox (a lean run is
+    placed, not yet provisioned): the episode closes only once its node has
+    stopped the run, so no sandbox appears after the episode ended."""
+
+    async def start_then_kill(delay_s: float) -> str:
+        episode = await corral.start_episode({"image": "busybox", "steps": ["sleep 120"]})
+        await asyncio.sleep(delay_s)
+        await episode.kill(reason="early", by="test")
+        with pytest.raises(EpisodeKilled):
+            await episode.result()
+        return episode.id
+
+    ids = await asyncio.gather(*(start_then_kill(d) for d in (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)))
+    await asyncio.sleep(2)  # a late provision would have made its sandbox by now
+    left = {episode_id: await sandboxes_of(stack_config, episode_id) for episode_id in ids}
+    assert not any(left.values()), left
 
 
 async def test_search_attributes_while_running_and_after(corral: Corral) -> None:

@@ -38,7 +38,7 @@ def pool_template(image: str) -> SandboxSpec:
 
 def servable(spec: SandboxSpec, template: SandboxSpec) -> bool:
     """A spec that differs from the template only in env and labels."""
-    ignore = {"env", "labels", "image"}
+    ignore = {"env", "labels", "image", "shim_group"}
     same_image = resolve_image_name(spec.image) == template.image
     return same_image and spec.model_dump(exclude=ignore) == template.model_dump(exclude=ignore)
 

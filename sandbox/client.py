@@ -48,6 +48,7 @@ from sandbox.models import (
     validate_sandbox_id,
 )
 from sandbox.sandbox import KILL_WAIT_S, SIGKILL, STATUS_NAMES, Sandbox
+from sandbox.shimgroups import ShimGroups
 from sandbox.spec import DEFAULT_PATH, HOST_INIT, build_oci_spec
 from sandbox.transfer import Puller
 
@@ -55,6 +56,7 @@ SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
 # Bare type url: Any.Pack would prefix "type.googleapis.com/", which containerd rejects.
 RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
 SHIM_GROUP_LABEL = "io.containerd.runc.v2.group"
+TENANT_LABEL = "corral.tenant"  # set by the episode workflow; the shim-sharing key
 SANDBOX_LABEL = "corral.sandbox"
 IMAGE_LABEL = "corral.image"
 RUNTIME_LABEL = "corral.runtime"
@@ -74,8 +76,12 @@ class Containerd:
         network_state_dir: Path | None = None,
         workspace_root: Path | None = None,
         uid_pool: userns.UidPool | None = None,
+        shim_groups: ShimGroups | None = None,
     ) -> None:
         self._conn = conn
+        # Sandboxes without an explicit shim group share shims by tenant (shimgroups.py).
+        self._shim_groups = shim_groups
+        self._shim_groups_adopted = False
         self.images = ImageStore(conn)
         self.pulls = Puller(self.images, conn)  # registry images on first use
         self._id_locks = KeyedLocks()
@@ -100,6 +106,7 @@ class Containerd:
         network_state_dir: str | Path | None = None,
         workspace_root: str | Path | None = None,
         uid_pool: userns.UidPool | None = None,
+        shim_group_size: int = 1,
         timeout_s: float = 5.0,
     ) -> Containerd:
         """Connect to containerd at ``socket``.
@@ -109,6 +116,8 @@ class Containerd:
         (``sandbox.network``'s ``state_dir``) to ``network_state_dir`` (default
         ``<socket dir>/../network``, the node activity's ``<node_dir>/network``);
         workspace volumes to ``workspace_root`` (default ``<socket dir>/workspaces``).
+        With ``shim_group_size`` above 1, up to that many sandboxes of one tenant
+        share a runc shim (``sandbox.shimgroups``).
         """
         conn = Connection(socket, namespace, snapshotter, runc_root)
         try:
@@ -128,6 +137,7 @@ class Containerd:
             network_state_dir=Path(network_state_dir) if network_state_dir else None,
             workspace_root=Path(workspace_root) if workspace_root else None,
             uid_pool=uid_pool,
+            shim_groups=ShimGroups(shim_group_size) if shim_group_size > 1 else None,
         )
 
     @property
@@ -182,11 +192,34 @@ class Containerd:
                 RUNTIME_LABEL: spec.runtime,
                 NETWORK_LABEL: spec.network,
             }
+            groups = self._shim_groups
+            if groups is not None and spec.shim_group is None:
+                await self._adopt_shim_groups(groups)
+                group = groups.join(sandbox_id, all_labels.get(TENANT_LABEL, ""))
+                spec = spec.model_copy(update={"shim_group": group})
             if spec.shim_group:
                 all_labels[SHIM_GROUP_LABEL] = spec.shim_group
-            return await self._provision(
-                sandbox_id, spec, image.name, image.chain_id or "", all_labels
-            )
+            try:
+                return await self._provision(
+                    sandbox_id, spec, image.name, image.chain_id or "", all_labels
+                )
+            except BaseException:
+                if groups is not None:
+                    groups.leave(sandbox_id)  # rolled back: it holds no place in the shim
+                raise
+            finally:
+                if groups is not None:
+                    groups.created(sandbox_id)
+
+    async def _adopt_shim_groups(self, groups: ShimGroups) -> None:
+        """Once per client: the groups of the sandboxes made before it (a restarted worker)."""
+        if self._shim_groups_adopted:
+            return
+        self._shim_groups_adopted = True
+        for info in await self.list_sandboxes():
+            group = info.labels.get(SHIM_GROUP_LABEL)
+            if group:
+                groups.adopt(info.id, group, info.labels.get(TENANT_LABEL, ""))
 
     async def _alive_sandbox(self, sandbox_id: str, spec: SandboxSpec) -> Sandbox | None:
         """The sandbox if its task is alive; a half-made one is cleaned up first.
@@ -464,6 +497,8 @@ class Containerd:
     async def destroy_sandbox(self, sandbox_id: str) -> bool:
         """Detach its network, kill every process, delete task, container, snapshot
         and workspace volume. Idempotent."""
+        if self._shim_groups is not None:
+            self._shim_groups.leave(sandbox_id)  # before its shim may exit: never joined again
         await network.detach_network(sandbox_id, self.network_state_dir)
         removed = await self._kill_and_delete_task(sandbox_id)
         removed = await self._delete_container(sandbox_id) or removed

@@ -73,6 +73,8 @@ class NodesConfig(_Strict):
     containerd_namespace: str = "corral"
     snapshotter: str = "overlayfs"
     runtime: str = "io.containerd.runc.v2"
+    # Sandboxes of one tenant per runc shim (sandbox/shimgroups.py); 1: a shim each.
+    shim_group_size: int = Field(default=20, ge=1, le=100)
     # Nodes joined by name (`corral node up --name N`) besides node-1..node-<count>.
     extra: list[str] = Field(default_factory=list)
     # Each node in its own network namespace (`corral up --isolated`).
@@ -250,6 +252,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_WORKFLOW_TASK_QUEUE": ("workers", "workflow_task_queue"),
     "CORRAL_WARM_POOL": ("workers", "warm_pool"),
     "CORRAL_NODES": ("nodes", "count"),
+    "CORRAL_SHIM_GROUP_SIZE": ("nodes", "shim_group_size"),
     "CORRAL_INTAKE_PORT": ("intake", "port"),
     "CORRAL_INTAKE_HOST": ("intake", "host"),
     "CORRAL_INTAKE_URL": ("intake", "url"),

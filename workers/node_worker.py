@@ -58,6 +58,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         str(config.containerd_socket(node)),
         namespace=config.nodes.containerd_namespace,
         uid_pool=UidPool(start=config.nodes.userns.start, size=config.nodes.userns.size),
+        shim_group_size=config.nodes.shim_group_size,
     )
     records = RecordWriter(config.records_dir)
     pool = WarmPool(containerd, node, config.workers.warm_pool)

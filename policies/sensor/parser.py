@@ -1,4 +1,8 @@
-"""bpftrace JSON lines -> ``Event``: decoding, exec assembly, fd tracking."""
+"""bpftrace JSON lines -> ``Event``: decoding, exec assembly, fd tracking.
+
+``binparser.BinaryParser`` (the compiled backend's records) is a subclass:
+it turns each binary record into the list a JSON record holds and shares
+everything from ``record`` on."""
 
 from __future__ import annotations
 
@@ -117,8 +121,11 @@ class Parser:
         self.prefilter = prefilter
         self.stats = ParserStats()
         self._execs: dict[int, _PendingExec] = {}
-        self._strs: dict[int, dict[int, str]] = {}  # tid -> arg index -> string
+        self._strs: dict[int, dict[int, Any]] = {}  # tid -> arg index -> string or bytes
         self._inos: dict[int, list[int]] = {}  # tid -> exe inode, ctime, mtime
+        # Strings cut in the kernel, bit i for argument i; -1: judge by length
+        # (bpftrace's records say nothing). The binary reader sets it per record.
+        self._cut = -1
         self._num = 0
         self._wall_offset = time.time_ns() - time.monotonic_ns()
         self._hostname = socket.gethostname()
@@ -237,7 +244,7 @@ class Parser:
         name = pg.NAMES[d[HDR]]
         evt = self._base(d, name)
         evt.res = signed32(d[HDR + 1])
-        evt.args = self._args(name, d[HDR + 2 :], self._strs.pop(evt.tid, {}))
+        evt.args = self._args(name, d[HDR + 2 :], self._strs.pop(evt.tid, {}), self._cut)
         handler = _HANDLERS.get(name)
         if handler is not None:
             handler(self, evt)
@@ -246,21 +253,24 @@ class Parser:
         return evt
 
     @staticmethod
-    def _args(name: str, values: list[Any], strs: dict[int, str]) -> dict[str, Any]:
+    def _args(name: str, values: list[Any], strs: dict[int, Any], cut: int = -1) -> dict[str, Any]:
+        """``strs``: argument index -> string, or a sockaddr's bytes (as bytes from
+        the binary records, as bpftrace's escaped text from its JSON)."""
         args: dict[str, Any] = {}
         vals = iter(values)
         for i, spec in enumerate(pg.SYSCALLS[name][: pg.N_ARG_MAPS]):
             v = next(vals)
             if spec.kind == pg.STR:
                 v = strs.get(i, "")
-                if len(v) >= pg.STRLEN - 1:
-                    args["_truncated"] = True  # bpftrace cut it: do not trust a match
+                if (len(v) >= pg.STRLEN - 1) if cut < 0 else (cut >> i) & 1:
+                    args["_truncated"] = True  # cut in the kernel: do not trust a match
                 args[spec.falco] = v
             elif spec.kind == pg.HOW:
                 args["flags"], args["mode"] = v, next(vals)
             elif spec.kind in (pg.SOCKADDR, pg.PEER):
                 raw = strs.get(i)
-                args[spec.falco] = decode_sockaddr(decode_buf(raw)) if raw else None
+                data = raw if isinstance(raw, bytes) else decode_buf(raw) if raw else b""
+                args[spec.falco] = decode_sockaddr(data) if data else None
             elif spec.falco in SIGNED32 and isinstance(v, int):
                 args[spec.falco] = signed32(v)
             else:

@@ -1,4 +1,11 @@
-"""The sensor: supervises bpftrace and turns its output into ``Event`` objects.
+"""The sensor: supervises the tracer and turns its output into ``Event`` objects.
+
+Two backends trace the same syscalls with the same kernel-side filter:
+``bpftrace`` (a generated script, ``program.py``; JSON lines read by
+``parser.Parser``) and ``libbpf`` (the compiled ``bpf/`` program and its
+loader, ``libbpf.py``; binary records read by ``binparser.BinaryParser``).
+``backend="auto"`` takes libbpf when its loader is built and loads, else
+bpftrace, and logs why.
 
     sensor = Sensor({"openat", "execve", "connect"}, resolver=labels_from_containerd)
     await sensor.start()
@@ -28,7 +35,9 @@ from pathlib import Path
 
 from policies.falco.event import Event
 from policies.sensor import cgroups as cg
+from policies.sensor import libbpf as lb
 from policies.sensor import program as pg
+from policies.sensor.binparser import BinaryParser
 from policies.sensor.parser import Parser
 from policies.sensor.proctable import ProcessTable
 
@@ -40,6 +49,7 @@ STREAM_LIMIT = 1 << 20
 READ_CHUNK = 1 << 16
 BATCH_WAIT_S = 0.01  # alert latency it adds is at most this; the budget is 1 s
 PIPE_SIZE = 1 << 20  # Linux's default pipe-max-size
+BINARY_CHUNK = 1 << 20  # the loader writes what its ring held every 10 ms, in one go
 
 
 def _enlarge_pipe(stream: asyncio.StreamReader) -> None:
@@ -105,13 +115,21 @@ class Sensor:
         perf_pages: int = 256,
         prefilter: Callable[[Event], bool] | None = None,
         exe_details: bool = True,
+        backend: str = "auto",
+        loader: Path | None = None,
     ) -> None:
+        if backend not in lb.BACKENDS:
+            raise ValueError(f"sensor backend {backend!r} is not one of {', '.join(lb.BACKENDS)}")
         self.event_types = frozenset(event_types)
+        self.backend = backend
+        self.loader = loader or lb.loader_path()
+        self.active_backend = self._choose_backend()
         self.controller = controller
         self.bpftrace = shutil.which(bpftrace) or bpftrace
         self.cgroups = cg.CgroupMap(resolver, controller)
         self.table = ProcessTable()
-        self.parser = Parser(self.cgroups, self.table, self.event_types, prefilter)
+        self._prefilter = prefilter
+        self.parser: Parser = self._new_parser()
         self.exe_details = exe_details
         self.stats = SensorStats()
         self.program: pg.Program | None = None
@@ -130,6 +148,8 @@ class Sensor:
         self._ready = asyncio.Event()
         self._stopping = False
         self._parent_id = 0
+        self._attached_once = False  # the libbpf loader attached at least once
+        self._last_error = ""
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-sensor-")
 
     # ------------------------------------------------------------ public
@@ -182,6 +202,28 @@ class Sensor:
         finally:
             await self.stop()
 
+    # ------------------------------------------------------------ backend
+
+    def _choose_backend(self) -> str:
+        if self.backend == "bpftrace":
+            return "bpftrace"
+        if self.loader is None:
+            if self.backend == "libbpf":
+                return "libbpf"  # fails at start with the reason, retried like bpftrace
+            log.info("sensor: backend bpftrace (no %s built in %s; scripts/setup.sh builds it)",
+                     lb.LOADER, lb.build_dir())  # fmt: skip
+            return "bpftrace"
+        return "libbpf"
+
+    def _new_parser(self) -> Parser:
+        kind = BinaryParser if self.active_backend == "libbpf" else Parser
+        return kind(self.cgroups, self.table, self.event_types, self._prefilter)
+
+    def _fall_back(self, why: str) -> None:
+        log.warning("sensor: backend bpftrace (libbpf did not load: %s)", why)
+        self.active_backend = "bpftrace"
+        self.parser = self._new_parser()
+
     # ------------------------------------------------------------ supervision
 
     def _generate(self) -> Path:
@@ -198,11 +240,21 @@ class Sensor:
     async def _supervise(self) -> None:
         delay = self._backoff[0]
         while not self._stopping:
+            name = self.active_backend
             try:
-                rc = await self._run_once(self._generate())
-                log.warning("sensor: bpftrace exited with %s", rc)
+                if name == "libbpf":
+                    rc = await self._run_libbpf()
+                    if self.backend == "auto" and not self._attached_once and not self._stopping:
+                        self._fall_back(self._last_error or f"exit status {rc}")
+                        continue
+                else:
+                    rc = await self._run_once(self._generate())
+                log.warning("sensor: %s exited with %s", name, rc)
             except (OSError, subprocess.CalledProcessError) as exc:
-                log.error("sensor: cannot start bpftrace: %s", exc)
+                log.error("sensor: cannot start %s: %s", name, exc)
+                if name == "libbpf" and self.backend == "auto" and not self._attached_once:
+                    self._fall_back(str(exc))
+                    continue
             if self._stopping:
                 break
             self.stats.restarts += 1
@@ -225,6 +277,67 @@ class Sensor:
         finally:
             watch.cancel()
             await errs
+
+    async def _run_libbpf(self) -> int | None:
+        if self.loader is None:
+            raise OSError(f"{lb.LOADER} is not built in {lb.build_dir()} (scripts/setup.sh)")
+        ensure_tracefs()
+        self._parent_id = cg.ensure_parent(self.controller)
+        cfg = pg.FilterConfig(self._parent_id, cg.subsys_index(self.controller))
+        syscalls, unavailable = pg.select_syscalls(self.event_types)
+        self.program = pg.Program("", tuple(syscalls), tuple(unavailable))
+        if unavailable:
+            log.warning("sensor: no tracepoint for %s", ", ".join(unavailable))
+        args = lb.loader_args(syscalls, cfg, exe_details=self.exe_details)
+        self._last_error = ""
+        proc = self._proc = await asyncio.create_subprocess_exec(
+            str(self.loader), *args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        watch = asyncio.create_task(self._watch_parent())
+        errs = asyncio.create_task(self._log_stderr(proc))
+        try:
+            await self._read_binary(proc)
+            return await proc.wait()
+        finally:
+            watch.cancel()
+            await errs
+
+    async def _read_binary(self, proc: asyncio.subprocess.Process) -> None:
+        # The loader drains the ring buffer every 10 ms and writes it at once:
+        # one read serves a batch of records, no extra wait is needed.
+        assert proc.stdout is not None
+        _enlarge_pipe(proc.stdout)
+        parser = self.parser
+        assert isinstance(parser, BinaryParser)
+        rest = b""
+        out: list[Event] = []
+        try:
+            while chunk := await proc.stdout.read(BINARY_CHUNK):
+                data = rest + chunk if rest else chunk
+                used = parser.feed_bytes(data, out)
+                rest = data[used:]
+                if not self._ready.is_set():
+                    self._check_binary_ready(parser)
+                for evt in out:
+                    if not _from_canary(evt):
+                        self._deliver(evt)
+                out.clear()
+                self._sync_stats()
+        finally:
+            if self._canary is not None:
+                self._canary.cancel()
+                self._canary = None
+
+    def _check_binary_ready(self, parser: BinaryParser) -> None:
+        if parser.attached and self._canary is None:
+            self._attached_once = True
+            self._canary = asyncio.create_task(self._prove_live())
+        if self._canary_cgid is not None:
+            parser.watch_cgid = self._canary_cgid
+        if parser.watch_seen:
+            self._ready.set()
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         # Whole chunks, split here: a readline per record cost more than the parse.
@@ -324,10 +437,12 @@ class Sensor:
 
     async def _log_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
+        name = self.active_backend
         while line := await proc.stderr.readline():
             text = line.decode(errors="replace").rstrip()
             if "RLIMIT_MEMLOCK" not in text:  # bpftrace always tries to lift it
-                log.warning("bpftrace: %s", text)
+                log.warning("%s: %s", name, text)
+                self._last_error = text
 
     async def _watch_parent(self) -> None:
         """Restart if /corral was re-created: its id is compiled into the filter."""
@@ -339,7 +454,7 @@ class Sensor:
             except OSError:
                 ino = -1
             if ino != self._parent_id:
-                log.warning("sensor: %s changed; restarting bpftrace", path)
+                log.warning("sensor: %s changed; restarting %s", path, self.active_backend)
                 await self._kill()
                 return
 

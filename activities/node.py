@@ -342,7 +342,7 @@ class NodeActivities:
         if run is None or run.done():
             return
         run.cancel()
-        await asyncio.wait({run}, timeout=LEAN_STOP_WAIT_S)
+        await _heartbeating(asyncio.wait({run}, timeout=LEAN_STOP_WAIT_S))
 
     def _close_run(self, run_id: str) -> None:
         self._closed_runs[run_id] = None

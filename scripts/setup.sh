@@ -9,6 +9,7 @@ APT_PACKAGES=(
   golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
   docker-registry apache2-utils
   btrfs-progs gcc libc6-dev
+  clang llvm libbpf-dev libelf-dev zlib1g-dev bpftool make
   chromium prometheus
 )
 PYTHON=${PYTHON:-python3.11}
@@ -38,6 +39,15 @@ fi
 
 # containerd's gRPC stubs: generated from Debian's .proto files, never committed.
 .venv/bin/python scripts/gen_stubs.py
+
+# The compiled sensor (policies/sensor/bpf: libbpf CO-RE program + loader), built
+# into the cache, never committed; without it the sensor falls back to bpftrace.
+sensor_bpf="${CORRAL_CACHE_DIR:-$PWD/.cache}/sensor-bpf"
+if ! make -q -C policies/sensor/bpf OUT="$sensor_bpf" >/dev/null 2>&1; then
+  echo "setup: building the compiled sensor into $sensor_bpf"
+  make -s -C policies/sensor/bpf OUT="$sensor_bpf" ||
+    echo "setup: the compiled sensor did not build; the sensor will use bpftrace"
+fi
 
 # bpftrace needs tracefs, which these machines do not mount at boot.
 if [[ ! -d /sys/kernel/tracing/events ]]; then

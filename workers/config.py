@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -115,6 +115,9 @@ class SensorConfig(_Strict):
     enabled: bool = True
     rules: list[str] = Field(default_factory=lambda: ["policies/rules/corral_rules.yaml"])
     responses: str = "policies/responses.yaml"
+    # auto: the compiled libbpf sensor when scripts/setup.sh built it and it loads,
+    # else bpftrace (policies/sensor/sensor.py logs which and why)
+    backend: Literal["auto", "bpftrace", "libbpf"] = "auto"
 
 
 class ObservabilityConfig(_Strict):
@@ -259,6 +262,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_INTAKE_TLS_CERT": ("intake", "tls_cert"),
     "CORRAL_INTAKE_TLS_KEY": ("intake", "tls_key"),
     "CORRAL_INTAKE_TLS_CA": ("intake", "tls_ca"),
+    "CORRAL_SENSOR_BACKEND": ("sensor", "backend"),
     "CORRAL_TRACES": ("observability", "traces"),
     "CORRAL_OTLP_ENDPOINT": ("observability", "otlp_endpoint"),
     "CORRAL_REGISTRY": ("registry", "default"),

@@ -1,13 +1,14 @@
 """The per-node sensor process: ``python -m workers.sensor --node NODE``.
 
-bpftrace (``policies.sensor.Sensor``) streams the syscalls the loaded Falco
+The tracer (``policies.sensor.Sensor``: the compiled libbpf program, or
+bpftrace, as ``sensor.backend`` says) streams the syscalls the loaded Falco
 rules need from sandbox cgroups; Corral's rule engine evaluates them; each
 match becomes Falco's alert JSON and is POSTed to the alert intake, exactly
 as production Falco's ``http_output`` would post it.
 
 Pipeline (all on one event loop, nothing in it waits on HTTP):
 
-    bpftrace -> Sensor callback -> node filter -> RuleEngine.evaluate
+    tracer -> Sensor callback -> node filter -> RuleEngine.evaluate
              -> rate limit (rule, container) -> bounded queue -> HTTP posters
 
 Node filter: every containerd daemon on a machine puts its sandboxes under
@@ -449,7 +450,7 @@ async def run_node_sensor(
         str(config.containerd_socket(node)), config.nodes.containerd_namespace
     )
     poster = AlertPoster(intake_url(config), token, ssl_context=intake_ssl(config))
-    sensor = sensor_for(engine, containers)
+    sensor = sensor_for(engine, containers, config.sensor.backend)
     pipeline = NodePipeline(
         engine, containers, poster,
         hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.forget,
@@ -472,7 +473,7 @@ async def run_node_sensor(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await sensor.stop()  # kills bpftrace
+        await sensor.stop()  # stops the tracer
         await poster.drain(timeout_s=3.0)
         await poster.stop()
         await containers.close()
@@ -502,12 +503,12 @@ def _served_metrics(
 
 async def _mark_ready(sensor: Any, path: Path, node: str) -> None:
     await sensor.wait_ready()
-    log.info("sensor for %s: bpftrace attached", node)
+    log.info("sensor for %s: %s attached", node, sensor.active_backend)
     path.write_text(str(time.time()))
 
 
 def _ready_file(config: StackConfig, node: str) -> Path:
-    """Written once bpftrace has attached: tests and tools wait for it."""
+    """Written once the tracer has attached: tests and tools wait for it."""
     return config.state / "run" / f"sensor-{node}.ready"
 
 

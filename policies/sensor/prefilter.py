@@ -215,14 +215,19 @@ def _hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def sensor_for(engine: RuleEngine, resolver: Any = None) -> Any:
+def sensor_for(engine: RuleEngine, resolver: Any = None, backend: str | None = None) -> Any:
     """A sensor that traces the engine's event types and forwards only the events
-    some loaded rule may match: the node sensor and `corral policy test` alike."""
+    some loaded rule may match: the node sensor and `corral policy test` alike.
+    ``backend`` None: ``$CORRAL_SENSOR_BACKEND``, else auto."""
+    import os
+
     from policies.sensor.sensor import Sensor
 
+    backend = backend or os.environ.get("CORRAL_SENSOR_BACKEND") or "auto"
     return Sensor(
         engine.event_types(),
         resolver=resolver,
         prefilter=Prefilter(engine),
         exe_details=needs_exe_details(engine),
+        backend=backend,
     )

@@ -213,6 +213,8 @@ class Sensor:
             log.info("sensor: backend bpftrace (no %s built in %s; scripts/setup.sh builds it)",
                      lb.LOADER, lb.build_dir())  # fmt: skip
             return "bpftrace"
+        if self.backend == "auto":
+            log.info("sensor: backend libbpf (%s)", self.loader)
         return "libbpf"
 
     def _new_parser(self) -> Parser:

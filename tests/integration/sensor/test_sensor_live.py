@@ -42,10 +42,10 @@ async def sandbox() -> AsyncIterator[FakeSandbox]:
 
 
 @pytest.fixture
-async def sensor(sandbox: FakeSandbox) -> AsyncIterator[Sensor]:
+async def sensor(sandbox: FakeSandbox, backend: str) -> AsyncIterator[Sensor]:
     info = ContainerInfo(full_id=sandbox.full_id, name="sb", image="busybox:1",
                          labels={"corral.workflow_id": "wf-test"})  # fmt: skip
-    s = Sensor(TYPES, resolver=DictResolver({sandbox.full_id: info}))
+    s = Sensor(TYPES, resolver=DictResolver({sandbox.full_id: info}), backend=backend)
     await s.start()
     await s.wait_ready(timeout=120)
     yield s

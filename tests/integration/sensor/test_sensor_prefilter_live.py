@@ -35,12 +35,15 @@ async def sandbox() -> AsyncIterator[FakeSandbox]:
     sb.remove()
 
 
-async def test_prefiltered_sensor_drops_the_loop_and_keeps_the_alert(sandbox: FakeSandbox) -> None:
+async def test_prefiltered_sensor_drops_the_loop_and_keeps_the_alert(
+    sandbox: FakeSandbox, backend: str
+) -> None:
     engine = RuleEngine.from_files([RULES], default_registry(), rule_matching="first")
     prefilter = Prefilter(engine)
     info = ContainerInfo(full_id=sandbox.full_id, name="sb", image="busybox:1")
     sensor = Sensor(engine.event_types(), resolver=DictResolver({sandbox.full_id: info}),
-                    prefilter=prefilter, exe_details=needs_exe_details(engine))  # fmt: skip
+                    prefilter=prefilter, exe_details=needs_exe_details(engine),
+                    backend=backend)  # fmt: skip
     delivered: list[Event] = []
     matches: list[Match] = []
     alerted = asyncio.Event()

@@ -54,12 +54,14 @@ def engine() -> RuleEngine:
 
 
 @pytest.fixture
-async def watched(engine: RuleEngine) -> AsyncIterator[tuple[FakeSandbox, Sensor]]:
+async def watched(engine: RuleEngine, backend: str) -> AsyncIterator[tuple[FakeSandbox, Sensor]]:
     """A fake sandbox and a started sensor tracing what the upstream rules need."""
     box = FakeSandbox()
     info = ContainerInfo(full_id=box.full_id, name="sb", image="busybox:1",
                          mounts=mounts_from_spec(SPEC_MOUNTS))  # fmt: skip
-    sensor = Sensor(engine.event_types(), resolver=DictResolver({box.full_id: info}))
+    sensor = Sensor(
+        engine.event_types(), resolver=DictResolver({box.full_id: info}), backend=backend
+    )
     try:
         await sensor.start()
         await sensor.wait_ready(timeout=120)

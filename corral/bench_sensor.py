@@ -7,10 +7,13 @@ load hits both sides):
 * exec-heavy: ``/bin/true`` N times (a fork and an execve each);
 * open-heavy: N shell redirections, one read and one write open each.
 
-"On" is the node sensor's pipeline in this process: bpftrace, the parser
+"On" is the node sensor's pipeline in this process: the tracer, the parser
 and prefilter, and the rule engine evaluating every event that passes, in
 a thread of its own so that its CPU time is its own (``time.thread_time``),
-plus bpftrace's CPU from ``/proc``. The workload's CPU is its cgroup's
+plus the tracer's CPU from ``/proc``. The tracer is the backend the stack
+runs (``sensor.backend``; ``CORRAL_SENSOR_BACKEND=bpftrace|libbpf`` picks
+one, to compare): bpftrace, or the compiled libbpf loader; ``backend`` in
+the report says which ran. The workload's CPU is its cgroup's
 ``cpuacct.usage``. Reported, per step (medians over the rounds):
 
 * ``sensor cpu / workload cpu``: sensor CPU in an "on" run over the
@@ -20,11 +23,11 @@ plus bpftrace's CPU from ``/proc``. The workload's CPU is its cgroup's
 * records and events per second the sensor handled.
 
 Every sensor on the machine traces every sandbox under ``/corral``: other
-stacks' sensors (``other_sensors``) make "off" less than off, and other
-sandboxes' syscalls reach this sensor too. ``own_share`` is the bench
-sandbox's share of the records (by their cgroup id), and ``... (own records
-only)`` charges the sensor's CPU to the step by that share. A benchmark,
-not a test: it asserts nothing.
+stacks' sensors (``other_sensors``: bpftrace and libbpf loader processes)
+make "off" less than off, and other sandboxes' syscalls reach this sensor
+too. ``own_share`` is the bench sandbox's share of the records (by their
+cgroup id), and ``... (own records only)`` charges the sensor's CPU to the
+step by that share. A benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
 from policies.measure import exec_heavy_step, open_heavy_step
+from policies.sensor import libbpf as lb
 from policies.sensor import program as pg
 from policies.sensor.cgroups import DictResolver, parent_dir
 from policies.sensor.prefilter import Prefilter, needs_exe_details
@@ -58,6 +62,7 @@ from workers.config import StackConfig
 CPUACCT = Path("/sys/fs/cgroup/cpuacct/corral")
 HEADER_RECORDS = frozenset({pg.REC_SYSCALL, pg.REC_EXEC_ENTER, pg.REC_EXEC_EXIT, pg.REC_FORK,
                             pg.REC_EXIT})  # fmt: skip
+TRACER_COMM = lb.LOADER[:15]  # the kernel keeps 15 characters of a process name
 READY_TIMEOUT_S = 300.0  # bpftrace compiles for tens of seconds on a busy machine
 
 
@@ -69,9 +74,9 @@ class StepResult(BaseModel):
     wall_on_s: list[float]
     workload_cpu_off_s: list[float]
     workload_cpu_on_s: list[float]
-    sensor_cpu_s: list[float]  # python thread + bpftrace, per "on" run
-    bpftrace_cpu_s: list[float]
-    records: list[int]  # bpftrace records the sensor parsed, per "on" run
+    sensor_cpu_s: list[float]  # python thread + tracer, per "on" run
+    tracer_cpu_s: list[float]  # bpftrace's or the libbpf loader's
+    records: list[int]  # tracer records the sensor parsed, per "on" run
     events: list[int]  # events that passed the prefilter and were evaluated
     own_share: list[float]  # of the records, the bench sandbox's (the rest: other sandboxes)
     sensor_cpu_ratio: float
@@ -82,9 +87,10 @@ class StepResult(BaseModel):
 
 
 class SensorBenchReport(BaseModel):
+    backend: str  # the tracer that ran: bpftrace or libbpf
     rounds: int
     n: int
-    other_sensors: int  # bpftrace processes of other stacks tracing the same sandboxes
+    other_sensors: int  # tracer processes of other stacks tracing the same sandboxes
     load_avg_1m: float
     steps: list[StepResult]
     ratios: dict[str, float]
@@ -94,8 +100,11 @@ class SensorBenchReport(BaseModel):
 class _SensorThread:
     """The sensor pipeline on an event loop in its own thread (its CPU is measurable)."""
 
-    def __init__(self, engine: RuleEngine, resolver: DictResolver, sandbox_cgid: int) -> None:
+    def __init__(
+        self, engine: RuleEngine, resolver: DictResolver, sandbox_cgid: int, backend: str
+    ) -> None:
         self.engine = engine
+        self.backend = backend
         self.resolver = resolver
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-sensor")
@@ -131,20 +140,21 @@ class _SensorThread:
         prefilter = Prefilter(self.engine)
         self.sensor = Sensor(self.engine.event_types(), resolver=self.resolver,
                              prefilter=prefilter,
-                             exe_details=needs_exe_details(self.engine))  # fmt: skip
+                             exe_details=needs_exe_details(self.engine),
+                             backend=self.backend)  # fmt: skip
         self.sensor.add_callback(self._on_event)
         self.sensor.parser.record = self._count(self.sensor.parser.record)  # type: ignore[method-assign]
         await self.sensor.start()
         await self.sensor.wait_ready(READY_TIMEOUT_S)
 
     async def sample(self) -> tuple[float, float, int, int, int]:
-        """This thread's CPU, bpftrace's, records so far, header records, the sandbox's."""
+        """This thread's CPU, the tracer's, records so far, header records, the sandbox's."""
         thread_cpu = await self._call(self._thread_time())
         assert self.sensor is not None
         proc = self.sensor._proc
-        bpftrace = _process_cpu_s(proc.pid) if proc is not None else 0.0
+        tracer = _process_cpu_s(proc.pid) if proc is not None else 0.0
         records = self.sensor.parser.stats.records
-        return thread_cpu, bpftrace, records, self.headers, self.own_headers
+        return thread_cpu, tracer, records, self.headers, self.own_headers
 
     async def _thread_time(self) -> float:
         return time.thread_time()
@@ -169,7 +179,8 @@ def _other_sensors() -> int:
         with contextlib.suppress(OSError, IndexError, ValueError):
             text = stat.read_text()
             ppid = int(text.rsplit(")", 1)[1].split()[1])
-            if "(bpftrace)" in text and ppid != mine:
+            tracer = "(bpftrace)" in text or f"({TRACER_COMM})" in text
+            if tracer and ppid != mine:
                 count += 1
     return count
 
@@ -191,9 +202,9 @@ async def _run_on(
     wall, cpu = await _timed(sandbox, cmd, sandbox_id)
     await asyncio.sleep(0.5)  # let the sensor drain what the step produced
     py1, bt1, rec1, hdr1, own1 = await sensor.sample()
-    bpftrace = bt1 - bt0
+    tracer = bt1 - bt0
     own_share = (own1 - own0) / max(1, hdr1 - hdr0)
-    return (wall, cpu, py1 - py0 + bpftrace, bpftrace, rec1 - rec0, sensor.evaluated - ev0,
+    return (wall, cpu, py1 - py0 + tracer, tracer, rec1 - rec0, sensor.evaluated - ev0,
             own_share)  # fmt: skip
 
 
@@ -204,7 +215,7 @@ def _summarize(name: str, cmd: str, n: int, runs: dict[str, list[Any]]) -> StepR
         name=name, command=cmd, syscalls_per_run=n,
         wall_off_s=runs["wall_off"], wall_on_s=runs["wall_on"],
         workload_cpu_off_s=runs["cpu_off"], workload_cpu_on_s=runs["cpu_on"],
-        sensor_cpu_s=runs["sensor"], bpftrace_cpu_s=runs["bpftrace"],
+        sensor_cpu_s=runs["sensor"], tracer_cpu_s=runs["tracer"],
         records=runs["records"], events=runs["events"],
         own_share=runs["own_share"],
         sensor_cpu_ratio=med(runs["sensor"]) / med(runs["cpu_off"]),
@@ -223,8 +234,12 @@ async def run_sensor(
     n: int = 1000,
     rounds: int = 3,
     tick: Callable[[], None] = lambda: None,
+    backend: str | None = None,
 ) -> SensorBenchReport:
-    """Both steps, sensor off then on, ``rounds`` times; the sandbox is always removed."""
+    """Both steps, sensor off then on, ``rounds`` times; the sandbox is always removed.
+    ``backend``: the stack's ``sensor.backend`` unless given."""
+    backend = backend or config.sensor.backend
+    ran: list[str] = []
     engine = RuleEngine.from_files(
         [config.resolve(p) for p in config.sensor.rules], default_registry(),
         strict=True, rule_matching="first",
@@ -246,13 +261,16 @@ async def run_sensor(
             for cmd in steps.values():
                 await sandbox.exec(cmd, timeout_s=600)  # warm up
             for _ in range(rounds):
-                await _round(engine, resolver, sandbox, sandbox_id, steps, runs, tick)
+                ran.append(
+                    await _round(engine, resolver, sandbox, sandbox_id, steps, runs, tick, backend)
+                )
         finally:
             with contextlib.suppress(CorralError):
                 await client.destroy_sandbox(sandbox_id)
     results = [_summarize(k, steps[k], n, runs[k]) for k in steps]
     return SensorBenchReport(
-        rounds=rounds, n=n, other_sensors=others, load_avg_1m=os.getloadavg()[0],
+        backend="+".join(sorted(set(ran))), rounds=rounds, n=n, other_sensors=others,
+        load_avg_1m=os.getloadavg()[0],
         steps=results, ratios=_ratios(results),
         targets={"sensor cpu / workload cpu": "<= 0.10 on exec-heavy steps"},
     )  # fmt: skip
@@ -266,21 +284,26 @@ async def _round(
     steps: dict[str, str],
     runs: dict[str, dict[str, list[Any]]],
     tick: Callable[[], None],
-) -> None:
+    backend: str,
+) -> str:
+    """One round; returns the backend that ran (auto may have fallen back)."""
     for name, cmd in steps.items():
         wall, cpu = await _timed(sandbox, cmd, sandbox_id)
         runs[name].setdefault("wall_off", []).append(wall)
         runs[name].setdefault("cpu_off", []).append(cpu)
         tick()
-    sensor = _SensorThread(engine, resolver, (parent_dir() / sandbox_id).stat().st_ino)
+    cgid = (parent_dir() / sandbox_id).stat().st_ino
+    sensor = _SensorThread(engine, resolver, cgid, backend)
     try:
         await sensor.start()
         for name, cmd in steps.items():
             values = await _run_on(sensor, sandbox, cmd, sandbox_id)
-            keys = ("wall_on", "cpu_on", "sensor", "bpftrace", "records", "events", "own_share")
+            keys = ("wall_on", "cpu_on", "sensor", "tracer", "records", "events", "own_share")
             for key, value in zip(keys, values, strict=True):
                 runs[name].setdefault(key, []).append(value)
             tick()
+        assert sensor.sensor is not None
+        return str(sensor.sensor.active_backend)
     finally:
         await sensor.stop()
 
@@ -298,7 +321,7 @@ def _ratios(results: list[StepResult]) -> dict[str, float]:
 
 
 def describe(report: SensorBenchReport) -> list[str]:
-    lines = [f"sensor bench: {report.rounds} rounds of {report.n} per step, "
+    lines = [f"sensor bench ({report.backend}): {report.rounds} rounds of {report.n} per step, "
              f"{report.other_sensors} other sensors on this machine, "
              f"load {report.load_avg_1m:.1f}"]  # fmt: skip
     for s in report.steps:
@@ -306,7 +329,7 @@ def describe(report: SensorBenchReport) -> list[str]:
         lines.append(
             f"{s.name:10s} off {med(s.wall_off_s):.2f} s wall / {med(s.workload_cpu_off_s):.2f}"
             f" s cpu; on {med(s.wall_on_s):.2f} s / sensor {med(s.sensor_cpu_s):.3f} s cpu "
-            f"(bpftrace {med(s.bpftrace_cpu_s):.3f}); {s.records_per_s:.0f} records/s, "
+            f"(tracer {med(s.tracer_cpu_s):.3f}); {s.records_per_s:.0f} records/s, "
             f"{s.events_per_s:.0f} events/s evaluated"
         )
     lines += [f"{k:40s} {v}" for k, v in report.ratios.items()]

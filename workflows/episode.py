@@ -112,6 +112,8 @@ LEAN_MAX_OUTPUT_BYTES = 1024 * 1024
 PROVISION_ATTEMPTS = 8
 # While no node has room, ask placement again this often.
 PLACE_RETRY_S = 2.0
+# Patch id: the idle timer is armed once per idle period, not reset per request.
+IDLE_TIMER_REARMED = "idle-timer-rearmed"
 
 T = TypeVar("T")
 
@@ -434,20 +436,35 @@ class EpisodeWorkflow:
             return await self._run_step(self._spec.reward, "reward")
 
     async def _wait_for_finish(self) -> bool:
-        """Idle TTL as a durable timer, reset by each interactive request."""
+        """Idle TTL as a durable timer. A request does not wake this loop (it
+        only moves `last_activity`): when the timer fires early it is re-armed
+        for the time left, so an exec costs no timer events. Histories made
+        before this patch reset the timer at each request, and replay so."""
         ttl = timedelta(seconds=self._spec.timeouts.idle_ttl_s)
+        rearm = workflow.patched(IDLE_TIMER_REARMED)
         while not self._s.finishing:
             seen = self._s.activity_seq
             try:
                 await workflow.wait_condition(
                     lambda: (
                         self._s.finishing
-                        or self._s.activity_seq != seen  # noqa: B023 - awaited within this iteration
+                        or (not rearm and self._s.activity_seq != seen)  # noqa: B023 - awaited within this iteration
                         or self._wants_continue_as_new()
                     ),
                     timeout=self._idle_timeout(ttl),
                 )
             except TimeoutError:
+                if rearm and self._s.quarantined:
+                    # Quarantine has its own timer; idle time starts again on release.
+                    await workflow.wait_condition(
+                        lambda: not self._s.quarantined or self._s.finishing
+                    )
+                    self._s.last_activity = workflow.now()
+                    continue
+                if rearm and (self._lock.locked() or self._idle_left_s(ttl) > 0):
+                    # A request came, or one still runs: not idle yet.
+                    await workflow.wait_condition(lambda: not self._lock.locked())
+                    continue
                 if self._hibernate_due():
                     await self._hibernate()
                     continue
@@ -521,11 +538,18 @@ class EpisodeWorkflow:
     def _idle_timeout(self, ttl: timedelta) -> timedelta:
         """The idle TTL, or the time left until hibernation when that comes first."""
         after = self._spec.timeouts.hibernate_after_s
-        if after is None or self._s.quarantined:
+        if (after is None or self._s.quarantined) and not workflow.patched(IDLE_TIMER_REARMED):
             return ttl
+        return timedelta(seconds=max(self._idle_left_s(ttl), 0.001))
+
+    def _idle_left_s(self, ttl: timedelta) -> float:
+        """Seconds until the episode has been idle for the TTL (or hibernation is due)."""
+        after = self._spec.timeouts.hibernate_after_s
         idle_s = (workflow.now() - (self._s.last_activity or workflow.now())).total_seconds()
-        due_s = ttl.total_seconds() if self._s.hibernated_ref else min(after, ttl.total_seconds())
-        return timedelta(seconds=max(due_s - idle_s, 0.001))
+        due_s = ttl.total_seconds()
+        if after is not None and not self._s.quarantined and not self._s.hibernated_ref:
+            due_s = min(after, due_s)
+        return due_s - idle_s
 
     async def _hibernate(self) -> None:
         """Snapshot the idle sandbox and free it; the next request restores it."""

@@ -29,7 +29,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,14 +271,7 @@ class Sensor:
             env={**os.environ, **self._env}, preexec_fn=_limit_memlock,
             limit=STREAM_LIMIT, start_new_session=True,
         )  # fmt: skip
-        watch = asyncio.create_task(self._watch_parent())
-        errs = asyncio.create_task(self._log_stderr(proc))
-        try:
-            await self._read_stdout(proc)
-            return await proc.wait()
-        finally:
-            watch.cancel()
-            await errs
+        return await self._drain(proc, self._read_stdout)
 
     async def _run_libbpf(self) -> int | None:
         if self.loader is None:
@@ -297,10 +290,19 @@ class Sensor:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
+        return await self._drain(proc, self._read_binary)
+
+    async def _drain(
+        self,
+        proc: asyncio.subprocess.Process,
+        read: Callable[[asyncio.subprocess.Process], Awaitable[None]],
+    ) -> int | None:
+        """Read the tracer's records until it exits (logging its stderr, and
+        stopping it if this process's parent dies); its exit status."""
         watch = asyncio.create_task(self._watch_parent())
         errs = asyncio.create_task(self._log_stderr(proc))
         try:
-            await self._read_binary(proc)
+            await read(proc)
             return await proc.wait()
         finally:
             watch.cancel()

@@ -471,16 +471,14 @@ class Containerd:
         filters = {SANDBOX_LABEL: "1", **(label_filter or {})}
         expr = ",".join(f"labels.{_quote_key(k)}=={_quote_value(v)}" for k, v in filters.items())
         try:
-            containers = await self._conn.containers.List(
-                containers_pb2.ListContainersRequest(filters=[expr]), metadata=self._conn.md()
-            )
+            containers = await self._conn.list_containers([expr])
             tasks = await self._conn.tasks.List(
                 tasks_pb2.ListTasksRequest(), metadata=self._conn.md()
             )
         except grpc.aio.AioRpcError as err:
             raise map_grpc_error(err, "list sandboxes") from err
         by_id = {task.id: task for task in tasks.tasks}
-        return [_sandbox_info(c, by_id.get(c.id)) for c in containers.containers]
+        return [_sandbox_info(c, by_id.get(c.id)) for c in containers]
 
     def _sandbox_from(self, container: Any) -> Sandbox:
         spec = json.loads(container.spec.value or b"{}")
@@ -597,10 +595,7 @@ class Containerd:
 
     # -- inventory helpers (tests assert nothing leaked with these) ------------
     async def container_ids(self) -> list[str]:
-        resp = await self._conn.containers.List(
-            containers_pb2.ListContainersRequest(), metadata=self._conn.md()
-        )
-        return sorted(c.id for c in resp.containers)
+        return sorted(c.id for c in await self._conn.list_containers())
 
     async def task_ids(self) -> list[str]:
         resp = await self._conn.tasks.List(tasks_pb2.ListTasksRequest(), metadata=self._conn.md())

@@ -23,7 +23,6 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
-from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
@@ -227,12 +226,10 @@ class ImageStore:
 
     async def _images_in_use(self) -> set[str]:
         try:
-            resp = await self._conn.containers.List(
-                containers_pb2.ListContainersRequest(), metadata=self._md()
-            )
+            containers = await self._conn.list_containers()
         except grpc.aio.AioRpcError as err:
             raise map_grpc_error(err, "list containers") from err
-        return {container.image for container in resp.containers}
+        return {container.image for container in containers}
 
     async def image_bytes(self, image: ImageInfo) -> int:
         """Compressed size of the platform manifest's config and layers (shared layers count

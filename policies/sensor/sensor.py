@@ -56,7 +56,9 @@ def _enlarge_pipe(stream: asyncio.StreamReader) -> None:
     transport = getattr(stream, "_transport", None)
     pipe = transport.get_extra_info("pipe") if transport is not None else None
     if pipe is not None:
-        with contextlib.suppress(OSError):
+        # ValueError: the tracer already exited and its pipe is closed (a loader
+        # that fails at once); the read then sees EOF and the supervisor decides.
+        with contextlib.suppress(OSError, ValueError):
             fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
 
 

@@ -3,6 +3,7 @@ bpftrace's JSON records give; the loader's arguments; record.h in step with Pyth
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from policies.sensor import program as pg
 from policies.sensor.cgroups import CgroupMap, DictResolver
 from policies.sensor.parser import Parser
 from policies.sensor.proctable import ProcessTable
+from policies.sensor.sensor import _enlarge_pipe
 
 CID = "d" * 64
 BPF = Path(pg.__file__).parent / "bpf"
@@ -201,3 +203,14 @@ def test_the_bpf_sources_agree_with_python() -> None:
         int(defines["K_SOCKADDR"]): pg.SOCKADDR, int(defines["K_PEER"]): pg.PEER,
         int(defines["K_HOW"]): pg.HOW,
     }  # fmt: skip
+
+
+async def test_enlarging_the_pipe_of_a_tracer_that_already_exited_is_harmless() -> None:
+    """A loader that fails at once closes its pipe before the reader enlarges
+    it: that must reach the supervisor as EOF, not as an exception."""
+    proc = await asyncio.create_subprocess_exec("/bin/true", stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    assert await proc.stdout.read() == b""
+    await proc.wait()
+    await asyncio.sleep(0)  # the transport closes its pipe
+    _enlarge_pipe(proc.stdout)

@@ -414,7 +414,8 @@ class NodeActivities:
                     attempt,
                     err,
                 )
-                await asyncio.sleep(attempt)
+                if attempt < DESTROY_ATTEMPTS:
+                    await asyncio.sleep(attempt)
 
     async def _run_step(self, input: ExecStepInput) -> StepResult:
         step = input.step

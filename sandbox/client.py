@@ -234,19 +234,19 @@ class Containerd:
             if task is not None and task.status in ALIVE:
                 if spec.network == "allowlist":
                     try:
-                        await network.attach_network(
-                            sandbox_id,
-                            task.pid,
-                            spec.egress,
-                            self.network_state_dir,
-                            rate_mbit=spec.egress_mbit,
-                        )
+                        await self._attach_network(sandbox_id, task.pid, spec)
                     except SandboxError:
                         await self.destroy_sandbox(sandbox_id)
                         raise
                 return self._sandbox_from(container)
         await self.destroy_sandbox(sandbox_id)  # half-made, stopped, or a leftover snapshot
         return None
+
+    async def _attach_network(self, sandbox_id: str, pid: int, spec: SandboxSpec) -> None:
+        """The spec's egress allowlist and rate on the sandbox's veth (re-applied if attached)."""
+        await network.attach_network(
+            sandbox_id, pid, spec.egress, self.network_state_dir, rate_mbit=spec.egress_mbit
+        )
 
     async def _provision(
         self, sandbox_id: str, spec: SandboxSpec, image: str, chain_id: str, labels: dict[str, str]
@@ -308,13 +308,7 @@ class Containerd:
                 undo_stack.append(
                     lambda: network.detach_network(sandbox_id, self.network_state_dir)
                 )
-                await network.attach_network(
-                    sandbox_id,
-                    started.pid,
-                    spec.egress,
-                    self.network_state_dir,
-                    rate_mbit=spec.egress_mbit,
-                )
+                await self._attach_network(sandbox_id, started.pid, spec)
         except (grpc.aio.AioRpcError, SandboxError) as err:
             await _roll_back(undo_stack)
             raise _start_error(sandbox_id, step, err) from err

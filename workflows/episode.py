@@ -451,7 +451,7 @@ class EpisodeWorkflow:
                         or (not rearm and self._s.activity_seq != seen)  # noqa: B023 - awaited within this iteration
                         or self._wants_continue_as_new()
                     ),
-                    timeout=self._idle_timeout(ttl),
+                    timeout=self._idle_timeout(ttl, rearm),
                 )
             except TimeoutError:
                 if rearm and self._s.quarantined:
@@ -535,10 +535,10 @@ class EpisodeWorkflow:
         after = self._spec.timeouts.hibernate_after_s
         return after is not None and not self._s.hibernated_ref and not self._s.quarantined
 
-    def _idle_timeout(self, ttl: timedelta) -> timedelta:
+    def _idle_timeout(self, ttl: timedelta, rearm: bool) -> timedelta:
         """The idle TTL, or the time left until hibernation when that comes first."""
         after = self._spec.timeouts.hibernate_after_s
-        if (after is None or self._s.quarantined) and not workflow.patched(IDLE_TIMER_REARMED):
+        if (after is None or self._s.quarantined) and not rearm:
             return ttl
         return timedelta(seconds=max(self._idle_left_s(ttl), 0.001))
 

@@ -85,6 +85,10 @@ async def test_prometheus_sees_every_process_outcomes_and_alerts(
         await wait_for(alerted, timeout_s=60)
     with pytest.raises(EpisodeFailed):
         await corral.run_episode({"image": "busybox", "steps": ["exit 3"]})
+    # The compiled sensor sees only sandboxes' events, so a node that ran
+    # nothing this session has seen nothing: give each node one step.
+    for node in stack.config.node_names():
+        await corral.run_episode({"image": "busybox", "steps": ["true"]}, node=node)
 
     jobs = {t.job for t in stack_targets(stack.config)}
 
@@ -104,8 +108,14 @@ async def test_prometheus_sees_every_process_outcomes_and_alerts(
     delivered_query = 'sum by (rule) (corral_intake_alerts_total{status="delivered"})'
     delivered = _by(prometheus, delivered_query, "rule")
     assert delivered.get(NOTICE_RULE, 0) >= 1
-    seen = _by(prometheus, 'sum by (node) (corral_sensor_events_total{kind="seen"})', "node")
-    assert set(seen) == set(stack.config.node_names()) and all(v > 0 for v in seen.values())
+    nodes = set(stack.config.node_names())
+
+    async def every_sensor_saw_events() -> bool:
+        query = 'sum by (node) (corral_sensor_events_total{kind="seen"})'
+        seen = _by(prometheus, query, "node")
+        return set(seen) == nodes and all(v > 0 for v in seen.values())
+
+    await wait_for(every_sensor_saw_events, timeout_s=60)
 
     # Every metric the Grafana dashboard queries exists in this Prometheus.
     names = set(_get(prometheus, "/api/v1/label/__name__/values") or [])

@@ -20,7 +20,7 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +31,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.capacity import committed, node_capacity, room_for
+from activities.foreground import Foreground
 from activities.models import (
     EpisodeSpec,
     ExecStepInput,
@@ -125,8 +126,11 @@ class NodeActivities:
         capacity: NodeCapacity | None = None,
         registry: RegistryOptions | None = None,
         fetch_image: Callable[[str], Awaitable[bool]] | None = None,
+        foreground: Foreground | None = None,
     ) -> None:
         self.node = node
+        # Steps hold it; background teardowns wait for it (activities/foreground.py).
+        self._foreground = foreground or Foreground()
         # Brings a snapshot made on a sibling node here (activities/snapshots.py).
         self._fetch_image = fetch_image
         self._registry = registry or RegistryOptions()
@@ -158,7 +162,9 @@ class NodeActivities:
         started = time.monotonic()
         spec = sandbox_spec_for(input.spec, input.labels)
         workflow_id = input.labels.get("corral.workflow_id", "")
-        existing = await self._owned_sandbox(input.sandbox_id, workflow_id)
+        existing = None
+        if not _first_attempt():  # only an earlier attempt can have left one
+            existing = await self._owned_sandbox(input.sandbox_id, workflow_id)
         attrs = {
             "corral.image": spec.image,
             "corral.node": self.node,
@@ -403,6 +409,7 @@ class NodeActivities:
         task.add_done_callback(self._background.discard)
 
     async def _destroy_quietly(self, sandbox_id: str) -> None:
+        await self._foreground.quiet()
         for attempt in range(1, DESTROY_ATTEMPTS + 1):
             try:
                 await self.teardown(TeardownInput(sandbox_id=sandbox_id))
@@ -422,7 +429,7 @@ class NodeActivities:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         started_at = datetime.now(UTC)
         attrs = {"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
-        with span("corral.exec", **attrs), self._cpu.busy(sandbox.id, sandbox.labels):
+        with span("corral.exec", **attrs), self._working(sandbox.id, sandbox.labels):
             # Durable: a fixed exec id and output in files, so that a worker
             # restarted mid-step reattaches to it (_reattach) instead of losing it.
             raw = await _heartbeating(
@@ -477,6 +484,12 @@ class NodeActivities:
         )
         return interrupted_step(input, cause, started_at)
 
+    @contextlib.contextmanager
+    def _working(self, sandbox_id: str, labels: dict[str, str]) -> Iterator[None]:
+        """A step or file operation: full CPU weight, and background work waits."""
+        with self._cpu.busy(sandbox_id, labels), self._foreground.held():
+            yield
+
     def _step_output_dir(self, input: ExecStepInput) -> Path:
         return self._journal_dir(input.sandbox_id) / f"{input.index}.out"
 
@@ -485,7 +498,7 @@ class NodeActivities:
     async def write_file(self, input: WriteFileInput) -> None:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         data = base64.b64decode(input.request.content_b64)
-        with self._cpu.busy(sandbox.id, sandbox.labels):
+        with self._working(sandbox.id, sandbox.labels):
             await _heartbeating(
                 _mapped(sandbox.write_file(input.request.path, data, input.request.mode))
             )
@@ -493,7 +506,7 @@ class NodeActivities:
     @activity.defn(name="corral.read_file")
     async def read_file(self, input: ReadFileInput) -> FileContent:
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
-        with self._cpu.busy(sandbox.id, sandbox.labels):
+        with self._working(sandbox.id, sandbox.labels):
             data = await _heartbeating(
                 _mapped(sandbox.read_file(input.request.path, input.request.max_bytes))
             )
@@ -718,6 +731,14 @@ def _to_app_error(err: CorralError) -> ApplicationError:
         "SandboxStartFailed",
     )
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
+
+
+def _first_attempt() -> bool:
+    """True in an activity's first attempt; False outside an activity (unknown)."""
+    try:
+        return activity.info().attempt == 1
+    except RuntimeError:
+        return False
 
 
 def _workflow_run_id() -> str:

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import secrets
 
+from activities.foreground import Foreground
 from sandbox import Containerd, SandboxSpec, resolve_image_name
 from sandbox.cgroups import IDLE_SHARES
 from sandbox.errors import CorralError
@@ -44,9 +45,18 @@ def servable(spec: SandboxSpec, template: SandboxSpec) -> bool:
 
 
 class WarmPool:
-    def __init__(self, containerd: Containerd, node: str, sizes: dict[str, int]) -> None:
+    def __init__(
+        self,
+        containerd: Containerd,
+        node: str,
+        sizes: dict[str, int],
+        *,
+        foreground: Foreground | None = None,
+    ) -> None:
         self._containerd = containerd
         self._node = node
+        # Refills wait for the node's steps (activities/foreground.py).
+        self._foreground = foreground or Foreground(max_wait_s=0)
         self._templates = {resolve_image_name(i): pool_template(i) for i in sizes}
         self._sizes = {resolve_image_name(i): n for i, n in sizes.items() if n > 0}
         self._ready: dict[str, list[str]] = {image: [] for image in self._sizes}
@@ -91,6 +101,7 @@ class WarmPool:
             return None
         while ready:
             sandbox_id = ready.pop()
+            self._foreground.touch()  # its first step follows: refill after it
             self._wake.set()
             try:
                 await self._containerd.update_labels(sandbox_id, {**labels, POOL_LABEL: "taken"})
@@ -109,6 +120,7 @@ class WarmPool:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            await self._foreground.quiet()
             try:
                 await self._add(short[0])
             except CorralError as err:

@@ -101,6 +101,9 @@ async def _measure(
     )
 
 
+SPACED_SERIES = "episode through Temporal (spaced)"
+
+
 async def run_bench(
     config: StackConfig,
     *,
@@ -112,11 +115,15 @@ async def run_bench(
     raw_meter: EpisodeMeter | None = None,
     cold: bool = False,
     sequential: bool = False,
+    spaced_s: float = 0.0,
 ) -> BenchReport:
     """`cold`: episodes of a shape the warm pool does not serve (one MiB more
     memory), so every one creates its sandbox; `meter` and `raw_meter` bracket
     the episode and the raw lifecycle series; `sequential` adds a one-at-a-time
-    episode series (latency without queueing, as peers are timed)."""
+    episode series (latency without queueing, as peers are timed); `spaced_s`
+    another one-at-a-time series with that pause before each episode, so each
+    meets a quiet node (the deferred teardown and pool refill of the one before
+    have run): the latency of one episode, not of a back-to-back stream."""
     node = config.node_names()[0]
     tag = uuid.uuid4().hex[:8]
     spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={"corral.bench": tag})
@@ -168,6 +175,17 @@ async def run_bench(
     series = [raw_series, episode_series, raw_exec, update_exec, warm]
     if sequential:
         series.append(series_one)
+    if spaced_s > 0:
+        series.append(
+            await _measure(
+                SPACED_SERIES,
+                n,
+                1,
+                lambda i: one_episode(2 * n + i),
+                tick,
+                prepare=lambda: asyncio.sleep(spaced_s),
+            )
+        )
     return BenchReport(
         n=n,
         concurrency=concurrency,

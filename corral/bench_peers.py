@@ -20,12 +20,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from corral.bench import BenchReport, Series, _measure, _ratio, run_bench
+from corral.bench import SPACED_SERIES, BenchReport, Series, _measure, _ratio, run_bench
 from sandbox import BUSYBOX_IMAGE
 from workers.config import StackConfig
 from workers.stack import Stack
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Pause before each run of the spaced series: long enough for a Corral node to
+# finish the last episode's deferred teardown and pool refill (~0.3 s of CPU).
+SPACING_S = 1.0
 
 
 class PeerResult(BaseModel):
@@ -34,6 +37,7 @@ class PeerResult(BaseModel):
     skipped_because: str = ""
     sequential: Series | None = None
     concurrent: Series | None = None
+    spaced: Series | None = None  # one at a time, SPACING_S apart
 
 
 class PeersReport(BaseModel):
@@ -104,7 +108,12 @@ async def _peer(
 
     sequential = await _measure(f"{name} (sequential)", n, 1, one, tick)
     concurrent = await _measure(f"{name} ({concurrency} in flight)", n, concurrency, one, tick)
-    return PeerResult(name=name, available=True, sequential=sequential, concurrent=concurrent)
+    spaced = await _measure(
+        f"{name} (spaced)", n, 1, one, tick, prepare=lambda: asyncio.sleep(SPACING_S)
+    )
+    return PeerResult(
+        name=name, available=True, sequential=sequential, concurrent=concurrent, spaced=spaced
+    )
 
 
 def _engine_run(binary: str) -> Callable[[str], list[str]]:
@@ -229,6 +238,11 @@ def _peer_ratios(report: BenchReport, peers: list[PeerResult]) -> dict[str, floa
             ratios[f"episode throughput / {key} throughput"] = _ratio(
                 episode.per_second, found.concurrent.per_second
             )
+        spaced = by_name.get(SPACED_SERIES)
+        if found and found.spaced and spaced:
+            ratios[f"spaced episode p50 / spaced {key} p50"] = _ratio(
+                spaced.p50_ms, found.spaced.p50_ms
+            )
     return ratios
 
 
@@ -250,6 +264,7 @@ async def run_peers(
         tick=tick,
         meter=meters["warm"],
         sequential=True,
+        spaced_s=SPACING_S,
     )
     cold = await run_bench(
         config,
@@ -261,6 +276,7 @@ async def run_peers(
         raw_meter=meters["raw"],
         cold=True,
         sequential=True,
+        spaced_s=SPACING_S,
     )
     episodes = n
     return PeersReport(
@@ -293,8 +309,9 @@ def describe_peers(report: PeersReport) -> list[str]:
         if not peer.available:
             lines.append(f"{peer.name:45s} skipped: {peer.skipped_because}")
             continue
-        for s in (peer.sequential, peer.concurrent):
-            assert s is not None
+        for s in (peer.sequential, peer.concurrent, peer.spaced):
+            if s is None:
+                continue
             lines.append(
                 f"{s.name:45s} {s.per_second:7.2f}/s  p50 {s.p50_ms:7.1f} ms  failures {s.failures}"
             )

@@ -22,6 +22,7 @@ import signal
 from temporalio.worker import Worker
 
 from activities.capacity import node_capacity
+from activities.foreground import Foreground
 from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
@@ -61,7 +62,8 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         shim_group_size=config.nodes.shim_group_size,
     )
     records = RecordWriter(config.records_dir)
-    pool = WarmPool(containerd, node, config.workers.warm_pool)
+    foreground = Foreground()  # steps first; pool refills and teardowns wait for them
+    pool = WarmPool(containerd, node, config.workers.warm_pool, foreground=foreground)
     await pool.start()
     peers = {n: config.containerd_socket(n) for n in config.node_names() if n != node}
     snapshots = SnapshotActivities(
@@ -79,6 +81,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         records=records,
         metrics=metrics,
         pool=pool,
+        foreground=foreground,
         registry=config.registry.options(),
         fetch_image=snapshots.ensure_image,
         capacity=node_capacity(config.nodes.budget),

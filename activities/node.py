@@ -70,6 +70,7 @@ HEARTBEAT_EVERY_S = 5.0
 LEAN_STOP_WAIT_S = 30.0
 # A lean run's own teardown is tried this often before leaving it to the janitor.
 DESTROY_ATTEMPTS = 3
+DRAIN_TIMEOUT_S = 30.0  # a stopping worker waits this long for its deferred teardowns
 # Closed episode runs remembered per node (a late lean run of one is refused).
 CLOSED_RUNS_KEPT = 10_000
 log = logging.getLogger("corral.node")
@@ -401,6 +402,12 @@ class NodeActivities:
             with contextlib.suppress(RuntimeError):
                 activity.heartbeat("quarantined")
             await asyncio.sleep(0.2)
+
+    async def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Let deferred teardowns finish before the worker goes (the janitor
+        reaps what does not finish in time)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout_s)
 
     def _destroy_soon(self, sandbox_id: str) -> None:
         """Tear down off the episode's critical path (the janitor is the backstop)."""

@@ -101,6 +101,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
             background.append(asyncio.create_task(beats))
             await stop.wait()
     finally:
+        await node_activities.drain()
         await pool.stop()  # warm sandboxes stay: the next worker adopts them
         for task in background:
             task.cancel()

@@ -63,12 +63,25 @@ async def stack(stack_config: StackConfig) -> AsyncIterator[Stack]:
     try:
         await stack.up()
         yield stack
-        leftovers = await sandboxes_left(stack_config)
+        leftovers = await _sandboxes_left_settled(stack_config)
     finally:
         await stack.down()
     shims = [pid for node in stack_config.node_names() for pid in stack.daemon(node).shim_pids()]
     assert not leftovers, f"tests left sandboxes behind: {leftovers}"
     assert not shims, f"containerd shims still running after down: {shims}"
+
+
+async def _sandboxes_left_settled(
+    config: StackConfig, wait_s: float = 30.0
+) -> dict[str, list[str]]:
+    """What containerd still holds once deferred teardowns have had their time:
+    a lean run's sandbox goes a moment after its episode returns (activities/foreground.py)."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        left = await sandboxes_left(config)
+        if not left or asyncio.get_running_loop().time() > deadline:
+            return left
+        await asyncio.sleep(0.5)
 
 
 async def sandboxes_left(config: StackConfig) -> dict[str, list[str]]:

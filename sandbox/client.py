@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
-from sandbox import network, quota, userns, volumes
+from sandbox import network, quota, shimns, userns, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
@@ -89,10 +89,12 @@ class Containerd:
         # Node layout (workers.config): <node>/containerd/containerd.sock, <node>/network.
         self.network_state_dir = Path(network_state_dir or socket_dir.parent / "network")
         self.workspace_root = Path(workspace_root or socket_dir / "workspaces")
-        # containerd's state dir as ContainerdDaemon lays it out; the task bundles live there.
-        self._bundles = socket_dir / "state" / "io.containerd.runtime.v2.task" / conn.namespace
         # containerd's root dir in that layout: the snapshotter's quota filesystem is there.
         self._containerd_root = socket_dir / "root"
+        # The snapshotter's filesystem, read once: /proc/self/mountinfo grows with
+        # every live sandbox, and reading it per create cost O(sandboxes) of CPU.
+        self._snapshotter_fs: tuple[bool, tuple[int, int] | None] | None = None
+        self._runtime_name = shimns.runtime_name(socket_dir)  # sandbox/shimns.py
         self.uid_pool = uid_pool or userns.UidPool()
 
     @classmethod
@@ -279,25 +281,34 @@ class Containerd:
                 spec,
                 workspace_source=workspace,
                 userns=mapping,
-                io_device=quota.block_device(self._containerd_root),
+                io_device=self._snapshotter()[1],
             )
             container = _container_record(
-                sandbox_id, spec, image, labels, oci_spec, conn.snapshotter, conn.runc_root
+                sandbox_id,
+                spec,
+                image,
+                labels,
+                oci_spec,
+                conn.snapshotter,
+                conn.runc_root,
+                self._runtime_name,
             )
             await conn.containers.Create(
                 containers_pb2.CreateContainerRequest(container=container), metadata=conn.md(lease)
             )
             undo_stack.append(lambda: self._delete_container(sandbox_id))
             step = "task"
-            await conn.tasks.Create(
+            created = await conn.tasks.Create(
                 tasks_pb2.CreateTaskRequest(container_id=sandbox_id, rootfs=mounts),
                 metadata=conn.md(),
             )
             undo_stack.append(lambda: self._kill_and_delete_task(sandbox_id))
             if spec.init == "tini":
                 # Under tini a missing command is no runc error: tini starts, fails to
-                # exec it and exits. Look for it in the mounted rootfs first instead.
-                _check_command(sandbox_id, self._bundles / sandbox_id / "rootfs", spec)
+                # exec it and exits. Look for it in the rootfs first instead, as PID 1
+                # (created, not started) sees it: the rootfs is mounted in its shim's
+                # mount namespace, not necessarily in ours.
+                _check_command(sandbox_id, Path(f"/proc/{created.pid}/root"), spec)
             step = "start"
             started = await conn.tasks.Start(
                 tasks_pb2.StartRequest(container_id=sandbox_id), metadata=conn.md()
@@ -411,8 +422,15 @@ class Containerd:
             metadata=self._conn.md(),
         )
 
+    def _snapshotter(self) -> tuple[bool, tuple[int, int] | None]:
+        """(on the quota filesystem, its block device for blkio limits)."""
+        if self._snapshotter_fs is None:
+            root = self._containerd_root
+            self._snapshotter_fs = (quota.has_quota_fs(root), quota.block_device(root))
+        return self._snapshotter_fs
+
     def _check_disk_quota(self, spec: SandboxSpec) -> None:
-        if spec.disk_mb is not None and not quota.has_quota_fs(self._containerd_root):
+        if spec.disk_mb is not None and not self._snapshotter()[0]:
             raise InvalidSpec(
                 f"disk_mb {spec.disk_mb}: this node's snapshotter "
                 f"({quota.snapshotter_root(self._containerd_root)}) is not on the btrfs quota "
@@ -747,8 +765,9 @@ def _container_record(
     oci_spec: dict[str, Any],
     snapshotter: str,
     runc_root: str,
+    runtime_name: str,
 ) -> Any:
-    runtime = containers_pb2.Container.Runtime(name="io.containerd.runc.v2")
+    runtime = containers_pb2.Container.Runtime(name=runtime_name)
     if spec.runtime in ("runc", "crun"):
         # No session keyring per sandbox: keyrings are charged to the host uid (a user
         # namespace range shares one, kernel.keys.maxkeys is 200), and seccomp denies

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from sandbox import shimns
 from sandbox.errors import ContainerdUnavailable
 
 _log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class ContainerdDaemon:
         self._remove_stale_sockets()
         self._link_state_dir()
         await self._mount_quota_fs()
+        shimns.prepare(self.root_dir)
         self.config_path.write_text(self.render_config())
         log = self.log_path.open("ab")
         try:
@@ -117,6 +119,7 @@ class ContainerdDaemon:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
+                env=shimns.daemon_env(),  # finds the shim wrapper (sandbox/shimns.py)
                 start_new_session=True,  # its own session: our Ctrl-C does not reach it
             )
         finally:

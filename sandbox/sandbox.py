@@ -391,6 +391,14 @@ class Sandbox:
             raise map_grpc_error(err, f"status of sandbox {self.id!r}") from err
         return STATUS_NAMES.get(resp.process.status, "unknown")
 
+    async def root_path(self) -> Path:
+        """The sandbox's root filesystem as the host can reach it: through its PID 1,
+        because the rootfs is mounted in its shim's mount namespace (sandbox/shimns.py)."""
+        resp = await self._task_call(
+            "rootfs", self._conn.tasks.Get, tasks_pb2.GetRequest(container_id=self.id)
+        )
+        return Path(f"/proc/{resp.process.pid}/root")
+
     async def _is_paused(self) -> bool:
         try:
             return await self.status() in ("paused", "pausing")

@@ -23,10 +23,9 @@ pytestmark = pytest.mark.integration
 MakeSandbox = Callable[..., Awaitable[Sandbox]]
 
 
-def owner_on_host(ctd: Containerd, box: Sandbox, path: str) -> int:
+async def owner_on_host(box: Sandbox, path: str) -> int:
     """uid of ``path`` in the sandbox's rootfs, as the host sees it."""
-    bundle = Path(ctd.socket).parent / "state/io.containerd.runtime.v2.task"
-    return os.stat(bundle / ctd.namespace / box.id / "rootfs" / path.lstrip("/")).st_uid
+    return os.stat(await box.root_path() / path.lstrip("/")).st_uid
 
 
 async def test_one_remapped_copy_per_range(
@@ -41,8 +40,8 @@ async def test_one_remapped_copy_per_range(
     )
     for box in (first, second, other):
         assert (await box.exec("id -u; stat -c %u /bin/busybox /")).stdout == "0\n0\n0\n"
-    assert owner_on_host(ctd, first, "/bin/busybox") == pool.mapping(0).host_id
-    assert owner_on_host(ctd, other, "/bin/busybox") == pool.mapping(1).host_id
+    assert await owner_on_host(first, "/bin/busybox") == pool.mapping(0).host_id
+    assert await owner_on_host(other, "/bin/busybox") == pool.mapping(1).host_id
 
 
 async def test_files_through_the_api_belong_to_the_sandbox_user(
@@ -53,7 +52,7 @@ async def test_files_through_the_api_belong_to_the_sandbox_user(
     await box.write_file("/etc/b.txt", b"b")
     assert await box.read_file("/etc/b.txt") == b"b"
     assert (await box.exec("stat -c %u /workspace/a.txt /etc/b.txt")).stdout == "0\n0\n"
-    assert owner_on_host(ctd, box, "/etc/b.txt") == ctd.uid_pool.mapping(0).host_id
+    assert await owner_on_host(box, "/etc/b.txt") == ctd.uid_pool.mapping(0).host_id
     # A non-root sandbox user owns its workspace, inside and (shifted) on the host.
     agent = await make_sandbox(workspace_mb=8, user="1000:1000")
     assert (await agent.exec("echo x > /workspace/u && stat -c %u /workspace/u")).stdout == "1000\n"

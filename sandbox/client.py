@@ -49,7 +49,7 @@ from sandbox.models import (
 )
 from sandbox.sandbox import KILL_WAIT_S, SIGKILL, STATUS_NAMES, Sandbox
 from sandbox.shimgroups import ShimGroups
-from sandbox.spec import DEFAULT_PATH, HOST_INIT, build_oci_spec
+from sandbox.spec import DEFAULT_PATH, HOST_INITS, build_oci_spec
 from sandbox.transfer import Puller
 
 SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
@@ -303,8 +303,8 @@ class Containerd:
                 metadata=conn.md(),
             )
             undo_stack.append(lambda: self._kill_and_delete_task(sandbox_id))
-            if spec.init == "tini":
-                # Under tini a missing command is no runc error: tini starts, fails to
+            if spec.init in HOST_INITS:
+                # Under an init a missing command is no runc error: the init starts, fails to
                 # exec it and exits. Look for it in the rootfs first instead, as PID 1
                 # (created, not started) sees it: the rootfs is mounted in its shim's
                 # mount namespace, not necessarily in ours.
@@ -659,9 +659,11 @@ class KeyedLocks:
 
 def _check_host_support(spec: SandboxSpec) -> None:
     """What the spec needs from this host, checked before anything is made."""
-    if spec.init == "tini" and not HOST_INIT.is_file():
+    binary = HOST_INITS.get(spec.init)
+    if binary is not None and not binary.is_file():
         raise InvalidSpec(
-            f"init 'tini' needs {HOST_INIT} on the host (apt-get install tini), or set init='none'"
+            f"init {spec.init!r} needs {binary} on the host (apt-get install {spec.init}), "
+            "or set init='none'"
         )
     if spec.runtime == "crun":
         blocker = crun_blocker()

@@ -86,9 +86,10 @@ class SandboxSpec(BaseModel):
     egress: list[EgressRule] = Field(default_factory=list)
     # Token-bucket rate of the allowlist veth, each direction (tc tbf); loopback is not shaped.
     egress_mbit: int | None = Field(default=DEFAULT_EGRESS_MBIT, ge=1, le=100_000)
-    # "tini": a reaping init (the host's static tini, bind-mounted read-only) runs `command`;
+    # "catatonit" / "tini": a reaping init (the host's static binary, bind-mounted
+    # read-only) runs `command`; catatonit never wakes while idle, tini every second.
     # "none": `command` itself is PID 1 (orphaned zombies then pile up against pids_limit).
-    init: Literal["tini", "none"] = "tini"
+    init: Literal["catatonit", "tini", "none"] = "catatonit"
     runtime: str = "runc"
     shim_group: str | None = None
     command: list[str] = Field(default_factory=lambda: ["sleep", "2147483647"], min_length=1)

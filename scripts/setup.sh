@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-  containerd runc crun tini busybox-static bpftrace iproute2 nftables debootstrap umoci
+  containerd runc crun catatonit tini busybox-static bpftrace iproute2 nftables debootstrap umoci
   golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
   docker-registry apache2-utils
   btrfs-progs gcc libc6-dev

@@ -91,12 +91,12 @@ async def _status_becomes(sandbox: Sandbox, wanted: str, tries: int = 200) -> st
     return status
 
 
-async def _until_running_under_tini(sandbox: Sandbox) -> None:
+async def _until_running_under_init(sandbox: Sandbox) -> None:
     for _ in range(100):
         if "sleep" in (await sandbox.exec("ps -o comm")).stdout:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError("sleep never started under tini")
+    raise AssertionError("sleep never started under the init")
 
 
 async def _init_pid(ctd: Containerd, sandbox: Sandbox) -> int:
@@ -108,13 +108,14 @@ async def _init_pid(ctd: Containerd, sandbox: Sandbox) -> int:
 # -- init ---------------------------------------------------------------------
 
 
-async def test_tini_is_pid1_and_reaps_orphans(make_sandbox: MakeSandbox) -> None:
-    sandbox = await make_sandbox(pids_limit=64)
+@pytest.mark.parametrize("init", ["catatonit", "tini"])
+async def test_the_init_is_pid1_and_reaps_orphans(make_sandbox: MakeSandbox, init: str) -> None:
+    sandbox = await make_sandbox(pids_limit=64, init=init)
     assert (await sandbox.exec("cat /proc/1/comm")).stdout.strip().startswith("init")
     forked = await sandbox.exec(ORPHANS)
     assert forked.ok and forked.stdout == "forked 40\n"
     zombies = (await sandbox.exec(COUNT_ZOMBIES)).stdout.strip()
-    for _ in range(50):  # tini reaps on SIGCHLD; give a loaded machine a few rounds
+    for _ in range(50):  # the init reaps on SIGCHLD; give a loaded machine a few rounds
         if zombies == "0":
             break
         await asyncio.sleep(0.05)
@@ -123,7 +124,7 @@ async def test_tini_is_pid1_and_reaps_orphans(make_sandbox: MakeSandbox) -> None
 
 
 async def test_without_init_orphans_stay_zombies(make_sandbox: MakeSandbox) -> None:
-    """The bug tini fixes: `sleep` as PID 1 never reaps, zombies use up pids_limit."""
+    """The bug the init fixes: `sleep` as PID 1 never reaps, zombies use up pids_limit."""
     sandbox = await make_sandbox(init="none", pids_limit=64)
     assert (await sandbox.exec("cat /proc/1/comm")).stdout.strip() == "sleep"
     assert (await sandbox.exec(ORPHANS)).ok
@@ -134,14 +135,14 @@ async def test_sigterm_stops_sandbox_and_teardown_works(
     ctd: Containerd, make_sandbox: MakeSandbox
 ) -> None:
     sandbox = await make_sandbox()
-    # Once `sleep` runs under tini, tini has blocked its signals and waits for
+    # Once `sleep` runs under the init, the init has blocked its signals and waits for
     # them; a SIGTERM sent in the instant before is dropped by the kernel (a
     # namespace's init with a default disposition), so send again if needed.
-    await _until_running_under_tini(sandbox)
+    await _until_running_under_init(sandbox)
     init_pid = await _init_pid(ctd, sandbox)
     status = "running"
     for _ in range(5):
-        os.kill(init_pid, signal.SIGTERM)  # tini forwards it to `sleep`
+        os.kill(init_pid, signal.SIGTERM)  # the init forwards it to `sleep`
         status = await _status_becomes(sandbox, "stopped", tries=40)
         if status == "stopped":
             break
@@ -150,7 +151,7 @@ async def test_sigterm_stops_sandbox_and_teardown_works(
     assert sandbox.id not in await ctd.container_ids()
 
 
-async def test_bad_command_fails_create_under_tini(ctd: Containerd) -> None:
+async def test_bad_command_fails_create_under_the_init(ctd: Containerd) -> None:
     from sandbox.errors import SandboxStartFailed
 
     spec = SandboxSpec(image="busybox", command=["no-such-binary"])

@@ -218,8 +218,11 @@ def test_init_wraps_command_and_is_bind_mounted_read_only() -> None:
     oci = build_oci_spec("sb", spec(command=["sleep", "5"]))
     assert oci["process"]["args"] == [INIT_PATH, "--", "sleep", "5"]
     init = next(m for m in oci["mounts"] if m["destination"] == INIT_PATH)
-    assert init["type"] == "bind" and init["source"] == "/usr/bin/tini-static"
+    assert init["type"] == "bind" and init["source"] == "/usr/bin/catatonit"
     assert {"ro", "nosuid", "nodev"} <= set(init["options"])
+    tini = build_oci_spec("sb", spec(init="tini", command=["sleep", "5"]))
+    assert tini["process"]["args"] == [INIT_PATH, "--", "sleep", "5"]
+    assert any(m["source"] == "/usr/bin/tini-static" for m in tini["mounts"])
     bare = build_oci_spec("sb", spec(init="none", command=["sleep", "5"]))
     assert bare["process"]["args"] == ["sleep", "5"]
     assert all(m["destination"] != INIT_PATH for m in bare["mounts"])

@@ -211,7 +211,8 @@ class RecordWriter:
         self.max_rows = max_rows
         self.flush_interval_s = flush_interval_s
         self._buffers: dict[str, list[dict[str, Any]]] = {kind: [] for kind in _KINDS}
-        self._lock = threading.Lock()  # guards the buffers
+        self._writing = 0  # rows taken from the buffers and not yet in a part file
+        self._lock = threading.Lock()  # guards the buffers and _writing
         self._flush_lock = threading.Lock()  # one flush at a time, in file order
         self._wake = threading.Event()
         self._closed = False
@@ -237,8 +238,9 @@ class RecordWriter:
             self.append(record)
 
     def pending(self) -> int:
+        """Rows not yet readable from a part file (buffered, or being written)."""
         with self._lock:
-            return sum(len(b) for b in self._buffers.values())
+            return self._writing + sum(len(b) for b in self._buffers.values())
 
     def flush(self) -> list[Path]:
         """Write everything buffered now; returns the part files written."""
@@ -246,7 +248,12 @@ class RecordWriter:
             with self._lock:
                 taken = {k: rows for k, rows in self._buffers.items() if rows}
                 self._buffers = {k: [] if k in taken else rows for k, rows in self._buffers.items()}
-            return [self._write_or_requeue(kind, rows) for kind, rows in taken.items()]
+                self._writing = sum(len(rows) for rows in taken.values())
+            try:
+                return [self._write_or_requeue(kind, rows) for kind, rows in taken.items()]
+            finally:
+                with self._lock:
+                    self._writing = 0
 
     def _write_or_requeue(self, kind: str, rows: list[dict[str, Any]]) -> Path:
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import logging
 import os
@@ -39,6 +40,8 @@ from policies.responses import DEFAULT_RESPONSES, Decision, ResponsePolicy, load
 from sandbox.errors import CorralError
 
 log = logging.getLogger("corral.intake")
+# How long a starting intake waits for its port to be released (an intake just stopped).
+BIND_WAIT_S = 15.0
 
 DeliveryStatus = Literal["delivered", "ignored", "unknown_sandbox"]
 
@@ -256,13 +259,29 @@ async def run_intake(
     await runner.setup()
     try:
         site = web.TCPSite(runner, settings.host, settings.port, ssl_context=_ssl(settings))
-        await site.start()
+        await _listen(site, settings.port)
         log.info("intake listening on %s", runner.addresses)
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()  # until cancelled
     finally:
         await runner.cleanup()
+
+
+async def _listen(site: web.TCPSite, port: int, wait_s: float = BIND_WAIT_S) -> None:
+    """Bind, waiting a little while the port is still held: an intake stopped a
+    moment ago (`corral down` then `up`) may not have released it yet."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        try:
+            await site.start()
+            return
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE or asyncio.get_running_loop().time() > deadline:
+                raise
+            log.warning("intake port %d still in use; trying again", port)
+            await site.stop()  # unregisters it from the runner, so it can start again
+            await asyncio.sleep(0.5)
 
 
 def _ssl(settings: IntakeSettings) -> ssl.SSLContext | None:

@@ -98,3 +98,35 @@ async def test_other_rpc_errors_propagate() -> None:
     err = RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
     with pytest.raises(RPCError):
         await delivery(FakeClient(err))(ALERT, Decision(action="kill", rule=ALERT.rule))
+
+
+def test_intake_waits_for_its_port_to_be_released() -> None:
+    """`corral down` then `up`: the new intake binds once the old one lets go."""
+    import asyncio
+    import socket
+
+    from aiohttp import web
+
+    from workers.intake import _listen
+
+    async def scenario() -> bool:
+        held = socket.socket()
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        runner = web.AppRunner(web.Application())
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", port)
+            binding = asyncio.create_task(_listen(site, port, wait_s=10))
+            await asyncio.sleep(0.3)
+            waited = not binding.done()
+            held.close()
+            await asyncio.wait_for(binding, timeout=10)
+            return waited and bool(runner.addresses)
+        finally:
+            held.close()
+            await runner.cleanup()
+
+    assert asyncio.run(scenario())

@@ -74,10 +74,10 @@ def runtime_name(root_dir: Path) -> str:
     return name if name in (RUNTIME_NAME, PLAIN_RUNTIME_NAME) else PLAIN_RUNTIME_NAME
 
 
-def daemon_env(base: dict[str, str] | None = None) -> dict[str, str]:
+def daemon_env() -> dict[str, str]:
     """containerd's environment: the wrapper's directory first on PATH, where
     containerd looks for `containerd-shim-runc-corral`."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(SHIM_DIR), env.get("PATH", os.defpath)])
     return env
 

@@ -9,6 +9,7 @@ or shim is left behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -76,12 +77,13 @@ async def _sandboxes_left_settled(
 ) -> dict[str, list[str]]:
     """What containerd still holds once deferred teardowns have had their time:
     a lean run's sandbox goes a moment after its episode returns (activities/foreground.py)."""
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while True:
-        left = await sandboxes_left(config)
-        if not left or asyncio.get_running_loop().time() > deadline:
-            return left
-        await asyncio.sleep(0.5)
+
+    async def none_left() -> bool:
+        return not await sandboxes_left(config)
+
+    with contextlib.suppress(AssertionError):
+        await wait_for(none_left, timeout_s=wait_s)
+    return await sandboxes_left(config)
 
 
 async def sandboxes_left(config: StackConfig) -> dict[str, list[str]]:

@@ -71,3 +71,7 @@ class ImageBuildError(SandboxError):
 
 class FileNotFound(SandboxError):
     """`read_file` named a path that is not a regular file in the sandbox."""
+
+
+class SnapshotFailed(SandboxError):
+    """Committing a sandbox's writable layer failed; the message names the step."""

@@ -16,6 +16,7 @@ content store into the other, then unpacked.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -25,14 +26,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf import field_mask_pb2
 
+from sandbox import hosttools
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox.connection import Connection
-from sandbox.errors import SandboxError, SandboxNotFound
+from sandbox.errors import SandboxError, SandboxNotFound, SnapshotFailed
 from sandbox.grpc_errors import is_not_found, map_grpc_error
 from sandbox.images import (
     CHAIN_ID_LABEL,
@@ -54,6 +57,8 @@ NODE_LABEL = "corral.snapshot.node"
 LAYER_BYTES_LABEL = "corral.snapshot.layer_bytes"
 _REPO_CHARS = re.compile(r"[^a-z0-9]+")
 _TAG_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+# A plain (non-reflink) copy of a few GB of writes on a slow disk stays well inside this.
+COPY_TIMEOUT_S = 600.0
 
 
 def snapshot_ref(episode_id: str, name: str) -> str:
@@ -82,9 +87,16 @@ async def commit_sandbox(
     config = await images._read_json(manifest["config"]["digest"])
     async with conn.lease("snapshot") as lease:
         parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
-        layer = await _diff_sandbox(conn, sandbox_id, parent, lease)
-        new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
-        await images.unpack(new_manifest, chains, lease)
+        layer, copy_key = await _capture(conn, sandbox_id, parent, lease)
+        try:
+            new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
+            top = chains[-1] + _userns_suffix(parent)
+            await _commit_copy(conn, copy_key, top, lease)
+            copy_key = ""
+            await _tie_snapshot(images, conn, new_manifest, top, lease)
+        finally:
+            if copy_key:
+                await _remove_snapshot_quietly(conn, copy_key)
         manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
         all_labels = {
             **labels,
@@ -93,6 +105,108 @@ async def commit_sandbox(
             LAYER_BYTES_LABEL: str(layer["size"]),
         }
         return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)
+
+
+def _userns_suffix(parent: str) -> str:
+    """``@userns-<host id>-<size>`` when the sandbox sat on a remapped copy (sandbox.userns)."""
+    _, at, suffix = parent.rpartition("@userns-")
+    return f"{at}{suffix}" if at else ""
+
+
+async def _capture(
+    conn: Connection, sandbox_id: str, parent: str, lease: str
+) -> tuple[dict[str, Any], str]:
+    """The layer blob, and a prepared snapshot on ``parent`` holding a copy of the
+    sandbox's upper dir, both of one paused moment.
+
+    The copy is what unpacking the layer would make (an overlay upper dir is
+    the snapshotter's own layer format: whiteouts as 0/0 devices, opaque
+    directories by xattr), without extracting the tar again; on the btrfs
+    quota filesystem it is a reflink copy, so it costs metadata only. It sits
+    on the sandbox's own parent, so a user-namespaced sandbox's snapshot is
+    already in its range: its children need no chowned copy of their own.
+    """
+    copy_key = f"snapshot-copy-{uuid.uuid4().hex[:12]}"
+    md = conn.md(lease)
+    try:
+        upper = await conn.snapshots.Mounts(
+            snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id), metadata=md
+        )
+        prepared = await conn.snapshots.Prepare(
+            snapshots_pb2.PrepareSnapshotRequest(
+                snapshotter=conn.snapshotter, key=copy_key, parent=parent
+            ),
+            metadata=md,
+        )
+    except grpc.aio.AioRpcError as err:
+        raise map_grpc_error(
+            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
+        ) from err
+    try:
+        async with _paused(conn, sandbox_id):
+            layer, _ = await asyncio.gather(
+                _diff_sandbox(conn, sandbox_id, parent, upper.mounts, lease),
+                _copy_upper(upper.mounts, prepared.mounts, sandbox_id),
+            )
+    except BaseException:
+        await _remove_snapshot_quietly(conn, copy_key)
+        raise
+    return layer, copy_key
+
+
+def _upper_dir(mounts: Any, what: str) -> str:
+    for mount in mounts:
+        for option in mount.options:
+            if option.startswith("upperdir="):
+                return str(option.removeprefix("upperdir="))
+        if mount.type == "bind" and "rw" in mount.options:
+            return str(mount.source)  # a snapshot with no parent is a plain directory
+    raise SnapshotFailed(f"{what}: the snapshotter gave no writable directory")
+
+
+async def _copy_upper(source: Any, target: Any, sandbox_id: str) -> None:
+    src = _upper_dir(source, f"snapshot of sandbox {sandbox_id!r}")
+    dst = _upper_dir(target, f"snapshot of sandbox {sandbox_id!r}")
+    await hosttools.run_tool(
+        f"snapshot of sandbox {sandbox_id!r}: copy of its writable layer",
+        *("cp", "-a", "--reflink=auto", f"{src}/.", dst),
+        error=SnapshotFailed,
+        timeout_s=COPY_TIMEOUT_S,
+    )
+
+
+async def _commit_copy(conn: Connection, copy_key: str, name: str, lease: str) -> None:
+    """Commit the copy under the new chain id (an identical one may exist already:
+    a snapshot of an unchanged sandbox; then the copy is dropped)."""
+    try:
+        await conn.snapshots.Commit(
+            snapshots_pb2.CommitSnapshotRequest(
+                snapshotter=conn.snapshotter, name=name, key=copy_key
+            ),
+            metadata=conn.md(lease),
+        )
+    except grpc.aio.AioRpcError as err:
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise map_grpc_error(err, f"snapshot commit {name!r}") from err
+        await _remove_snapshot_quietly(conn, copy_key)
+
+
+async def _tie_snapshot(
+    images: ImageStore, conn: Connection, manifest: dict[str, Any], top: str, lease: str
+) -> None:
+    """The new config blob keeps the committed snapshot alive (garbage collection),
+    under the label unpacking or the user-namespace copy would have set."""
+    label = f"containerd.io/gc.ref.snapshot.{conn.snapshotter}"
+    suffix = _userns_suffix(top)
+    if suffix:
+        label += "/" + suffix.removeprefix("@")
+    await conn.content.Update(
+        content_pb2.UpdateRequest(
+            info=content_pb2.Info(digest=manifest["config"]["digest"], labels={label: top}),
+            update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"]),
+        ),
+        metadata=conn.md(lease),
+    )
 
 
 async def _snapshot_parent(conn: Connection, sandbox_id: str) -> str:
@@ -122,9 +236,10 @@ async def _container(conn: Connection, sandbox_id: str) -> Any:
 
 
 async def _diff_sandbox(
-    conn: Connection, sandbox_id: str, parent_chain: str, lease: str
+    conn: Connection, sandbox_id: str, parent_chain: str, upper: Any, lease: str
 ) -> dict[str, Any]:
-    """The sandbox's changes over its image as a layer blob (descriptor dict)."""
+    """The sandbox's changes over its image as a layer blob (descriptor dict).
+    The caller holds the sandbox paused."""
     view_key = f"snapshot-view-{uuid.uuid4().hex[:12]}"
     md = conn.md(lease)
     snaps, snapshotter = conn.snapshots, conn.snapshotter
@@ -135,19 +250,15 @@ async def _diff_sandbox(
             ),
             metadata=md,
         )
-        upper = await snaps.Mounts(
-            snapshots_pb2.MountsRequest(snapshotter=snapshotter, key=sandbox_id), metadata=md
+        resp = await conn.diff.Diff(
+            diff_pb2.DiffRequest(
+                left=view.mounts,
+                right=upper,
+                media_type=MEDIA_LAYER_TAR,
+                ref=f"corral-{view_key}",
+            ),
+            metadata=md,
         )
-        async with _paused(conn, sandbox_id):
-            resp = await conn.diff.Diff(
-                diff_pb2.DiffRequest(
-                    left=view.mounts,
-                    right=upper.mounts,
-                    media_type=MEDIA_LAYER_TAR,
-                    ref=f"corral-{view_key}",
-                ),
-                metadata=md,
-            )
     except grpc.aio.AioRpcError as err:
         raise map_grpc_error(
             err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound

@@ -79,6 +79,36 @@ async def test_snapshot_of_a_user_namespaced_sandbox_holds_only_its_changes(
         await ctd.images.remove(image.name)
 
 
+async def test_snapshot_children_start_on_a_ready_copy_with_deletions_kept(
+    ctd: Containerd, make_sandbox: MakeSandbox
+) -> None:
+    """The commit copies the writable layer onto the sandbox's own (remapped)
+    parent: a child of the same range needs no chowned copy of its own, and
+    deletions (whiteouts) and replaced directories (opaque) come through, as
+    they do for a child without a user namespace, which unpacks the layer."""
+    box = await make_sandbox()
+    changed = await box.exec(
+        "rm /bin/ls && rm -rf /usr && mkdir /usr && echo new > /usr/only && echo s > /root/s"
+    )
+    assert changed.ok, changed.stderr
+    image = await commit_sandbox(
+        ctd.connection, ctd.images, box.id, "corral.local/defense-snap:2", {}
+    )
+    try:
+        remapped = image.chain_id + ctd.uid_pool.mapping(0).snapshot_suffix
+        assert await ctd.images._has_snapshot(remapped)
+        look = "ls /bin/ls 2>&1; ls /usr; cat /root/s; stat -c %u /root/s"
+        # Without a user namespace the layer's host-side owner shows (docs/fork.md).
+        host_owner = str(ctd.uid_pool.mapping(0).host_id)
+        for fields, owner in (({}, "0"), ({"user_namespace": False}, host_owner)):
+            child = await make_sandbox(image=image.name, **fields)
+            seen = (await child.exec(look)).stdout.splitlines()
+            assert seen[0].endswith("No such file or directory"), (fields, seen)
+            assert seen[1:] == ["only", "s", owner], (fields, seen)
+    finally:
+        await ctd.images.remove(image.name)
+
+
 async def test_disk_quota_needs_the_quota_filesystem(tmp_path: Path, busybox: ImageInfo) -> None:
     """A node whose snapshotter dir predates quotas refuses disk_mb, naming the way out."""
     daemon = ContainerdDaemon(tmp_path / "noquota")

@@ -6,8 +6,14 @@ tar into the content store, whiteouts included (containerd's walking differ
 mounts the live overlay read-only, so the sandbox keeps running; it is paused
 for the diff so that the layer is one consistent moment). The layer is then
 stacked on the image's manifest and config, written as new blobs with the
-garbage-collection references `sandbox.images` uses, unpacked once (so every
-sandbox started from it finds the snapshot chain ready) and tagged.
+garbage-collection references `sandbox.images` uses, and tagged.
+
+In the same pause the sandbox's upper dir is copied (a reflink on the btrfs
+quota filesystem) into a snapshot prepared on the sandbox's own parent and
+committed under the new chain id: what unpacking the tar would make, without
+extracting it. For a user-namespaced sandbox that parent is its range's
+chowned copy of the image, so children of the same range start at once; a
+sandbox outside the range unpacks the tar on first use (`ensure_unpacked`).
 
 `copy_image` moves an image between two containerd daemons of one machine
 (the local multi-node rig without a registry): blobs are streamed from one
@@ -17,11 +23,12 @@ content store into the other, then unpacked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,6 +114,17 @@ async def commit_sandbox(
         return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)
 
 
+@contextlib.contextmanager
+def _mapped_errors(sandbox_id: str) -> Iterator[None]:
+    """containerd's errors as the sandbox layer's typed ones, naming the snapshot."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as err:
+        raise map_grpc_error(
+            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
+        ) from err
+
+
 def _userns_suffix(parent: str) -> str:
     """``@userns-<host id>-<size>`` when the sandbox sat on a remapped copy (sandbox.userns)."""
     _, at, suffix = parent.rpartition("@userns-")
@@ -128,7 +146,7 @@ async def _capture(
     """
     copy_key = f"snapshot-copy-{uuid.uuid4().hex[:12]}"
     md = conn.md(lease)
-    try:
+    with _mapped_errors(sandbox_id):
         upper = await conn.snapshots.Mounts(
             snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id), metadata=md
         )
@@ -138,10 +156,6 @@ async def _capture(
             ),
             metadata=md,
         )
-    except grpc.aio.AioRpcError as err:
-        raise map_grpc_error(
-            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
-        ) from err
     try:
         async with _paused(conn, sandbox_id):
             layer, _ = await asyncio.gather(
@@ -224,14 +238,10 @@ async def _snapshot_parent(conn: Connection, sandbox_id: str) -> str:
 
 
 async def _container(conn: Connection, sandbox_id: str) -> Any:
-    try:
+    with _mapped_errors(sandbox_id):
         resp = await conn.containers.Get(
             containers_pb2.GetContainerRequest(id=sandbox_id), metadata=conn.md()
         )
-    except grpc.aio.AioRpcError as err:
-        raise map_grpc_error(
-            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
-        ) from err
     return resp.container
 
 
@@ -244,25 +254,22 @@ async def _diff_sandbox(
     md = conn.md(lease)
     snaps, snapshotter = conn.snapshots, conn.snapshotter
     try:
-        view = await snaps.View(
-            snapshots_pb2.ViewSnapshotRequest(
-                snapshotter=snapshotter, key=view_key, parent=parent_chain
-            ),
-            metadata=md,
-        )
-        resp = await conn.diff.Diff(
-            diff_pb2.DiffRequest(
-                left=view.mounts,
-                right=upper,
-                media_type=MEDIA_LAYER_TAR,
-                ref=f"corral-{view_key}",
-            ),
-            metadata=md,
-        )
-    except grpc.aio.AioRpcError as err:
-        raise map_grpc_error(
-            err, f"snapshot of sandbox {sandbox_id!r}", not_found=SandboxNotFound
-        ) from err
+        with _mapped_errors(sandbox_id):
+            view = await snaps.View(
+                snapshots_pb2.ViewSnapshotRequest(
+                    snapshotter=snapshotter, key=view_key, parent=parent_chain
+                ),
+                metadata=md,
+            )
+            resp = await conn.diff.Diff(
+                diff_pb2.DiffRequest(
+                    left=view.mounts,
+                    right=upper,
+                    media_type=MEDIA_LAYER_TAR,
+                    ref=f"corral-{view_key}",
+                ),
+                metadata=md,
+            )
     finally:
         await _remove_snapshot_quietly(conn, view_key)
     return {"mediaType": resp.diff.media_type, "digest": resp.diff.digest, "size": resp.diff.size}

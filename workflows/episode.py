@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.snapshots import SnapshotActivities
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
-    from sandbox.snapshot import snapshot_ref
+    from sandbox.snapshot import is_local_snapshot, snapshot_ref
     from workflows.admission import Admission, AdmissionDecision
     from workflows.models import (
         AlertSummary,
@@ -327,12 +327,12 @@ class EpisodeWorkflow:
             self._s.reason = reason
             self._set_state("waiting")
 
-    async def _place(self) -> str:
+    async def _place(self, image: str = "") -> str:
         """A node from the registry (a local activity: no node is asked); while
         none has room the episode waits, visibly, and asks again."""
         resources = self._spec.resources
         request = PlaceInput(
-            image=self._spec.image,
+            image=image or self._spec.image,
             cpu_cores=resources.cpu_cores,
             memory_mb=resources.memory_mb,
             pids=resources.pids_limit,
@@ -562,10 +562,13 @@ class EpisodeWorkflow:
             self._set_state("hibernated")
 
     async def _wake(self) -> None:
-        """Restore a hibernated sandbox (same node, same id) from its snapshot."""
+        """Restore a hibernated sandbox (same node, same id) from its snapshot;
+        on another node when its own was lost and the snapshot is in a registry."""
         if not self._s.hibernated_ref:
             return
         spec = self._spec.model_copy(update={"image": self._s.hibernated_ref})
+        if not self._s.node:  # its node was lost while it slept
+            self._s.node = await self._place(self._s.hibernated_ref)
         result = await self._node_activity(
             NodeActivities.provision,
             ProvisionInput(sandbox_id=self._s.sandbox_id, spec=spec, labels=self._labels()),
@@ -666,6 +669,11 @@ class EpisodeWorkflow:
             return
         if not self._s.ready:
             self._lost_node = lost.node
+            return
+        if self._s.hibernated_ref and not is_local_snapshot(self._s.hibernated_ref):
+            # Its sandbox went at hibernation and its snapshot is in the
+            # registry: the next request restores it on another node.
+            self._replace(lost.node)
             return
         self._s.node_lost = True
         self._end(lost.reason, outcome="failed")

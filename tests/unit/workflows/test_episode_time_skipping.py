@@ -37,6 +37,8 @@ from activities.models import (
     RunScriptedInput,
     RunScriptedResult,
     SandboxRef,
+    SnapshotInput,
+    SnapshotResult,
     Step,
     StepResult,
     TeardownInput,
@@ -52,6 +54,8 @@ from workflows.models import EpisodeInput, EpisodeResult, ExecRequest, OnCallReq
 WORKFLOW_QUEUE = "episodes-under-test"
 NODE = "n1"
 NODE_QUEUE = f"corral-node-{NODE}"
+OTHER_NODE = "n2"
+OTHER_NODE_QUEUE = f"corral-node-{OTHER_NODE}"
 SEARCH_ATTRIBUTES = {
     "EpisodeState": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
     "SandboxNode": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
@@ -79,6 +83,8 @@ class FakeNode:
     calls: list[str] = field(default_factory=list)
     rooms: list[str | None] = field(default_factory=list)  # None: no room this time
     steps: int = 0
+    provisioned_on: list[str] = field(default_factory=list)  # task queues
+    snapshot_registry: str = ""  # set: snapshots are pushed there (as with registry.default)
 
     def activities(self) -> list[object]:
         @activity.defn(name="corral.place")
@@ -90,6 +96,7 @@ class FakeNode:
         @activity.defn(name="corral.provision")
         async def provision(input: ProvisionInput) -> ProvisionResult:
             self.calls.append("provision")
+            self.provisioned_on.append(activity.info().task_queue)
             return ProvisionResult(
                 sandbox_id=input.sandbox_id, node=NODE, provision_s=0.01, created=True
             )
@@ -139,6 +146,12 @@ class FakeNode:
         async def thaw(input: SandboxRef) -> None:
             self.calls.append("thaw")
 
+        @activity.defn(name="corral.snapshot")
+        async def snapshot(input: SnapshotInput) -> SnapshotResult:
+            self.calls.append("snapshot")
+            ref = f"{self.snapshot_registry}/{input.ref}" if self.snapshot_registry else input.ref
+            return SnapshotResult(ref=ref, image=ref, node=NODE, sandbox_id=input.sandbox_id)
+
         @activity.defn(name="corral.teardown")
         async def teardown(input: TeardownInput) -> TeardownResult:
             self.calls.append("teardown")
@@ -153,6 +166,7 @@ class FakeNode:
             write_file,
             freeze,
             thaw,
+            snapshot,
             teardown,
         ]
 
@@ -198,6 +212,7 @@ async def node(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
             workflow_runner=workflow_runner(),
         ),
         Worker(env.client, task_queue=NODE_QUEUE, activities=node_side),
+        Worker(env.client, task_queue=OTHER_NODE_QUEUE, activities=node_side),
     ):
         yield fake
 
@@ -379,3 +394,36 @@ async def test_another_nodes_loss_is_ignored(env: WorkflowEnvironment, node: Fak
     await handle.signal("node_lost", NodeLostInput(node="n9", reason="node lost: n9"))
     await handle.execute_update(EpisodeWorkflow.finish)
     assert (await handle.result()).outcome == "completed"
+
+
+async def _hibernated(env: WorkflowEnvironment) -> WorkflowHandle[object, EpisodeResult]:
+    handle = await _start(env, interactive=True, timeouts={"hibernate_after_s": 60})
+    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await env.sleep(90)
+    assert (await handle.query(EpisodeWorkflow.status)).state == "hibernated"
+    return handle
+
+
+async def test_a_hibernated_episode_whose_node_is_lost_wakes_on_another_from_the_registry(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    node.snapshot_registry = "registry.test:5000"
+    node.rooms = [NODE, OTHER_NODE]
+    handle = await _hibernated(env)
+    await handle.signal("node_lost", NodeLostInput(node=NODE, reason=f"node lost: {NODE}"))
+    step = await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    assert step.ok
+    assert node.provisioned_on == [NODE_QUEUE, OTHER_NODE_QUEUE]
+    assert (await handle.query(EpisodeWorkflow.status)).node == OTHER_NODE
+    await handle.execute_update(EpisodeWorkflow.finish)
+    assert (await handle.result()).outcome == "completed"
+
+
+async def test_a_hibernated_episode_with_a_node_local_snapshot_fails_with_its_node(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    handle = await _hibernated(env)
+    await handle.signal("node_lost", NodeLostInput(node=NODE, reason=f"node lost: {NODE}"))
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    assert _failure_of(caught.value).message == f"node lost: {NODE}"

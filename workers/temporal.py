@@ -8,16 +8,25 @@ SDK call, the workflow and its activities one trace.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from observability.tracing import temporal_tracing_interceptor
 from sandbox.errors import CorralError
-from workers.config import StackConfig
+from workers.config import StackConfig, TemporalConfig
+
+# The SDK's core reports a failed connect as text (tonic's Debug output), not as
+# an RPCError: these pick the gRPC status and the TLS error out of it.
+_STATUS = re.compile(r'Status \{ code: (\w+), message: "([^"]*)"')
+_TLS_ERROR = re.compile(r"error: (Invalid\w+|AlertReceived|PeerMisbehaved)\(([\w(]+)")
+_CREDENTIAL_CODES = {"unauthenticated", "permissiondenied"}
+# What a plain-text client sees from a TLS port (nginx's HTTP/1 400, or a hang-up).
+_PLAIN_TO_TLS = ("connection closed", "h2 protocol error")
 
 
 class TemporalUnavailable(CorralError):
@@ -61,7 +70,34 @@ async def connect(config: StackConfig, *, runtime: Runtime | None = None) -> Cli
             runtime=runtime,
         )
     except (RPCError, RuntimeError, OSError) as err:
-        raise TemporalUnavailable(
-            f"cannot reach Temporal at {t.address} (namespace {t.namespace}): "
-            f"{' '.join(str(err).split())[:200]}; is the stack up? try `corral up`"
-        ) from err
+        raise TemporalUnavailable(describe_connect_error(err, t)) from err
+
+
+def describe_connect_error(err: BaseException, t: TemporalConfig) -> str:
+    """One line that names the setting to check: the key, the TLS trust, or the address."""
+    text = " ".join(str(err).split())
+    where = f"Temporal at {t.address} (namespace {t.namespace})"
+    code, message = _status_of(err, text)
+    if code.replace("_", "").lower() in _CREDENTIAL_CODES:
+        return (
+            f"{where} refused the credentials ({code}: {message}); check temporal.api_key "
+            "(CORRAL_TEMPORAL_API_KEY) or the mTLS pair (CORRAL_TEMPORAL_TLS_CERT, _KEY)"
+        )
+    tls_error = _TLS_ERROR.search(text)
+    if tls_error:
+        kind, nested = tls_error.groups()  # e.g. InvalidCertificate, Other(OtherError(CaUsed...
+        return (
+            f"TLS with {where} failed ({kind} {nested.split('(')[-1]}); check temporal.tls_ca "
+            "(CORRAL_TEMPORAL_TLS_CA), temporal.tls_server_name, and that it serves TLS"
+        )
+    if not t.tls and any(sign in text for sign in _PLAIN_TO_TLS):
+        return f"{where} closed the connection; does it require TLS (CORRAL_TEMPORAL_TLS=1)?"
+    return f"cannot reach {where}: {text[:200]}; is the stack up? try `corral up`"
+
+
+def _status_of(err: BaseException, text: str) -> tuple[str, str]:
+    """(gRPC status name, message) of a refused call; ("", "") if it was no status."""
+    if isinstance(err, RPCError):
+        return RPCStatusCode(err.status).name, err.message
+    found = _STATUS.search(text)
+    return (found.group(1), found.group(2)) if found else ("", "")

@@ -21,7 +21,7 @@ from workers.directory import WORKFLOW_ID_FIELD, EpisodeDirectory
 from workers.intake import IntakeConfigError, IntakeSettings, TemporalDelivery, _ssl
 from workers.netns import RIG_RANGE, Rig, node_host_number
 from workers.stack import StackError, check_node_name
-from workers.temporal import TemporalUnavailable, tls_config
+from workers.temporal import TemporalUnavailable, describe_connect_error, tls_config
 from workers.tls import is_loopback, make_dev_certificate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -132,6 +132,51 @@ def test_temporal_tls_options(tmp_path: Path) -> None:
     half = {**base, "CORRAL_TEMPORAL_TLS": "1", "CORRAL_TEMPORAL_TLS_CERT": str(cert)}
     with pytest.raises(TemporalUnavailable, match="go together"):
         tls_config(load_config(CONFIG, env=half))
+
+
+# The SDK's own words for each failure (tests/e2e/test_temporal_tls.py meets them for real).
+_REFUSED = (
+    "Failed client connect: `get_system_info` call error after connection: Status { code: "
+    'Unauthenticated, message: "missing or wrong API key", metadata: MetadataMap { } }'
+)
+_UNKNOWN_CA = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, "
+    "ConnectError(Custom { kind: InvalidData, error: InvalidCertificate(UnknownIssuer) }))"
+)
+_CA_AS_SERVER = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, "
+    "ConnectError(Custom { kind: InvalidData, error: "
+    "InvalidCertificate(Other(OtherError(CaUsedAsEndEntity))) }))"
+)
+_PLAIN_TO_TLS = (
+    "Failed client connect: `get_system_info` call error after connection: Status { code: "
+    'Cancelled, message: "operation was canceled", source: Some(tonic::transport::Error('
+    'Transport, hyper::Error(Canceled, "connection closed"))) }'
+)
+
+
+@pytest.mark.parametrize(
+    ("tls", "error", "says"),
+    [
+        ("1", _REFUSED, "refused the credentials (Unauthenticated: missing or wrong API key)"),
+        ("1", _UNKNOWN_CA, "TLS with Temporal at 127.0.0.1:7443 (namespace corral) failed"),
+        ("1", _UNKNOWN_CA, "failed (InvalidCertificate UnknownIssuer); check temporal.tls_ca"),
+        ("1", _CA_AS_SERVER, "failed (InvalidCertificate CaUsedAsEndEntity)"),
+        ("0", _PLAIN_TO_TLS, "closed the connection; does it require TLS"),
+        ("1", _PLAIN_TO_TLS, "cannot reach Temporal at 127.0.0.1:7443"),
+        ("0", "Connection refused", "is the stack up? try `corral up`"),
+    ],
+)
+def test_a_failed_connect_names_the_setting_to_check(
+    tmp_path: Path, tls: str, error: str, says: str
+) -> None:
+    env = {
+        "CORRAL_STATE_DIR": str(tmp_path),
+        "CORRAL_TEMPORAL_ADDRESS": "127.0.0.1:7443",
+        "CORRAL_TEMPORAL_TLS": tls,
+    }
+    line = describe_connect_error(RuntimeError(error), load_config(CONFIG, env=env).temporal)
+    assert says in line and "\n" not in line
 
 
 def test_intake_beyond_loopback_needs_a_certificate(tmp_path: Path) -> None:

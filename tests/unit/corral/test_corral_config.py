@@ -39,6 +39,23 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     assert config.state == tmp_path / "elsewhere"
 
 
+def test_dev_server_may_listen_behind_the_address_clients_use(tmp_path: Path) -> None:
+    """A TLS proxy at `temporal.address` in front of a dev server on another port."""
+    path = write(tmp_path, "temporal:\n  dev_server:\n    ui_port: 8300\n")
+    plain = load_config(path, env={}).temporal
+    assert plain.dev_server_address == plain.address == "127.0.0.1:7233"
+    env = {
+        "CORRAL_TEMPORAL_ADDRESS": "10.0.0.5:7443",
+        "CORRAL_TEMPORAL_DEV_LISTEN": "127.0.0.1:7300",
+    }
+    config = load_config(path, env=env)
+    assert config.temporal.address == "10.0.0.5:7443"
+    assert config.temporal.dev_server_address == "127.0.0.1:7300"
+    assert config.ui_url.startswith("http://127.0.0.1:8300/")  # the UI is the dev server's
+    with pytest.raises(ConfigError, match=r"temporal\.dev_server\.listen: .*HOST:PORT"):
+        load_config(path, env={"CORRAL_TEMPORAL_DEV_LISTEN": "7300"})
+
+
 def test_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
     path = write(tmp_path, "temporal:\n  adress: x\n")
     with pytest.raises(ConfigError, match=r"temporal\.adress: Extra inputs are not permitted"):

@@ -8,12 +8,14 @@ for the diff so that the layer is one consistent moment). The layer is then
 stacked on the image's manifest and config, written as new blobs with the
 garbage-collection references `sandbox.images` uses, and tagged.
 
-In the same pause the sandbox's upper dir is copied (a reflink on the btrfs
-quota filesystem) into a snapshot prepared on the sandbox's own parent and
-committed under the new chain id: what unpacking the tar would make, without
-extracting it. For a user-namespaced sandbox that parent is its range's
-chowned copy of the image, so children of the same range start at once; a
-sandbox outside the range unpacks the tar on first use (`ensure_unpacked`).
+In the same pause, unless a snapshot of that chain exists already (nothing
+changed since the last one), the sandbox's upper dir is copied (a reflink on
+the btrfs quota filesystem) into a snapshot prepared on the sandbox's own
+parent and committed under the new chain id: what unpacking the tar would
+make, without extracting it. For a user-namespaced sandbox that parent is its
+range's chowned copy of the image, so children of the same range start at
+once; a sandbox outside the range unpacks the tar on first use
+(`ensure_unpacked`).
 
 `copy_image` moves an image between two containerd daemons of one machine
 (the local multi-node rig without a registry): blobs are streamed from one
@@ -22,7 +24,6 @@ content store into the other, then unpacked.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -94,16 +95,19 @@ async def commit_sandbox(
     config = await images._read_json(manifest["config"]["digest"])
     async with conn.lease("snapshot") as lease:
         parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
-        layer, copy_key = await _capture(conn, sandbox_id, parent, lease)
-        try:
-            new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
-            top = chains[-1] + _userns_suffix(parent)
-            await _commit_copy(conn, copy_key, top, lease)
-            copy_key = ""
-            await _tie_snapshot(images, conn, new_manifest, top, lease)
-        finally:
-            if copy_key:
-                await _remove_snapshot_quietly(conn, copy_key)
+        with _mapped_errors(sandbox_id):
+            upper = await conn.snapshots.Mounts(
+                snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
+                metadata=conn.md(lease),
+            )
+        async with _paused(conn, sandbox_id):
+            layer = await _diff_sandbox(conn, sandbox_id, parent, upper.mounts, lease)
+            diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
+            top = chain_ids(diff_ids)[-1] + _userns_suffix(parent)
+            if not await images._has_snapshot(top):  # else: unchanged since the last one
+                await _copy_upper(conn, sandbox_id, upper.mounts, parent, top, lease)
+        new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
+        await _tie_snapshot(conn, new_manifest, top, lease)
         manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
         all_labels = {
             **labels,
@@ -131,41 +135,49 @@ def _userns_suffix(parent: str) -> str:
     return f"{at}{suffix}" if at else ""
 
 
-async def _capture(
-    conn: Connection, sandbox_id: str, parent: str, lease: str
-) -> tuple[dict[str, Any], str]:
-    """The layer blob, and a prepared snapshot on ``parent`` holding a copy of the
-    sandbox's upper dir, both of one paused moment.
+async def _copy_upper(
+    conn: Connection, sandbox_id: str, upper: Any, parent: str, name: str, lease: str
+) -> None:
+    """Commit a copy of the sandbox's upper dir on ``parent`` as snapshot ``name``.
 
     The copy is what unpacking the layer would make (an overlay upper dir is
     the snapshotter's own layer format: whiteouts as 0/0 devices, opaque
     directories by xattr), without extracting the tar again; on the btrfs
-    quota filesystem it is a reflink copy, so it costs metadata only. It sits
-    on the sandbox's own parent, so a user-namespaced sandbox's snapshot is
+    quota filesystem it is a reflink copy (tens of ms for 100 MB). It sits on
+    the sandbox's own parent, so a user-namespaced sandbox's snapshot is
     already in its range: its children need no chowned copy of their own.
+    The caller holds the sandbox paused, so it is the moment of the diff.
     """
-    copy_key = f"snapshot-copy-{uuid.uuid4().hex[:12]}"
+    key = f"snapshot-copy-{uuid.uuid4().hex[:12]}"
+    what = f"snapshot of sandbox {sandbox_id!r}"
     md = conn.md(lease)
     with _mapped_errors(sandbox_id):
-        upper = await conn.snapshots.Mounts(
-            snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id), metadata=md
-        )
         prepared = await conn.snapshots.Prepare(
             snapshots_pb2.PrepareSnapshotRequest(
-                snapshotter=conn.snapshotter, key=copy_key, parent=parent
+                snapshotter=conn.snapshotter, key=key, parent=parent
             ),
             metadata=md,
         )
     try:
-        async with _paused(conn, sandbox_id):
-            layer, _ = await asyncio.gather(
-                _diff_sandbox(conn, sandbox_id, parent, upper.mounts, lease),
-                _copy_upper(upper.mounts, prepared.mounts, sandbox_id),
-            )
+        await hosttools.run_tool(
+            f"{what}: copy of its writable layer",
+            *("cp", "-a", "--reflink=auto"),
+            f"{_upper_dir(upper, what)}/.",
+            _upper_dir(prepared.mounts, what),
+            error=SnapshotFailed,
+            timeout_s=COPY_TIMEOUT_S,
+        )
+        await conn.snapshots.Commit(
+            snapshots_pb2.CommitSnapshotRequest(snapshotter=conn.snapshotter, name=name, key=key),
+            metadata=md,
+        )
+    except grpc.aio.AioRpcError as err:  # ALREADY_EXISTS: an identical one was made meanwhile
+        await _remove_snapshot_quietly(conn, key)
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise map_grpc_error(err, f"{what}: commit {name!r}") from err
     except BaseException:
-        await _remove_snapshot_quietly(conn, copy_key)
+        await _remove_snapshot_quietly(conn, key)
         raise
-    return layer, copy_key
 
 
 def _upper_dir(mounts: Any, what: str) -> str:
@@ -178,36 +190,7 @@ def _upper_dir(mounts: Any, what: str) -> str:
     raise SnapshotFailed(f"{what}: the snapshotter gave no writable directory")
 
 
-async def _copy_upper(source: Any, target: Any, sandbox_id: str) -> None:
-    src = _upper_dir(source, f"snapshot of sandbox {sandbox_id!r}")
-    dst = _upper_dir(target, f"snapshot of sandbox {sandbox_id!r}")
-    await hosttools.run_tool(
-        f"snapshot of sandbox {sandbox_id!r}: copy of its writable layer",
-        *("cp", "-a", "--reflink=auto", f"{src}/.", dst),
-        error=SnapshotFailed,
-        timeout_s=COPY_TIMEOUT_S,
-    )
-
-
-async def _commit_copy(conn: Connection, copy_key: str, name: str, lease: str) -> None:
-    """Commit the copy under the new chain id (an identical one may exist already:
-    a snapshot of an unchanged sandbox; then the copy is dropped)."""
-    try:
-        await conn.snapshots.Commit(
-            snapshots_pb2.CommitSnapshotRequest(
-                snapshotter=conn.snapshotter, name=name, key=copy_key
-            ),
-            metadata=conn.md(lease),
-        )
-    except grpc.aio.AioRpcError as err:
-        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
-            raise map_grpc_error(err, f"snapshot commit {name!r}") from err
-        await _remove_snapshot_quietly(conn, copy_key)
-
-
-async def _tie_snapshot(
-    images: ImageStore, conn: Connection, manifest: dict[str, Any], top: str, lease: str
-) -> None:
+async def _tie_snapshot(conn: Connection, manifest: dict[str, Any], top: str, lease: str) -> None:
     """The new config blob keeps the committed snapshot alive (garbage collection),
     under the label unpacking or the user-namespace copy would have set."""
     label = f"containerd.io/gc.ref.snapshot.{conn.snapshotter}"

@@ -528,7 +528,8 @@ class NodeActivities:
     # --------------------------------------------------------------- janitor
     @activity.defn(name="corral.reap_orphans")
     async def reap_orphans(self, input: ReapInput) -> ReapResult:
-        """Remove sandboxes whose workflow is closed or unknown (terminated, lost)."""
+        """Remove sandboxes whose workflow is closed or unknown (terminated, lost),
+        and the rootfs snapshots of creates a crash cut off before their container."""
         if self._temporal is None:
             raise ApplicationError("node worker has no Temporal client", non_retryable=True)
         sandboxes = await _mapped(self._containerd.list_sandboxes({"corral.sandbox": "1"}))
@@ -544,6 +545,10 @@ class NodeActivities:
                 continue
             await self.teardown(TeardownInput(sandbox_id=info.id))
             removed.append(info.id)
+        known = {info.id for info in sandboxes}
+        for key in await _mapped(self._containerd.orphan_snapshots(known, input.grace_s)):
+            await self.teardown(TeardownInput(sandbox_id=key))
+            removed.append(key)
         return ReapResult(node=self.node, checked=len(sandboxes), removed=removed)
 
     async def _workflow_open(self, workflow_id: str) -> bool:

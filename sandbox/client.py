@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -625,6 +626,27 @@ class Containerd:
                 if not active_only or info.kind != snapshots_pb2.COMMITTED:
                     keys.append(info.name)
         return sorted(keys)
+
+    async def orphan_snapshots(self, containers: set[str], older_than_s: float) -> list[str]:
+        """Sandbox rootfs snapshots made more than ``older_than_s`` ago whose sandbox
+        is not in ``containers`` (listed before this call): a create cut off between
+        `Snapshots.Prepare` and `Containers.Create`, the node killed mid-provision.
+        Their lease keeps them from the GC until it expires."""
+        call = self._conn.snapshots.List(
+            snapshots_pb2.ListSnapshotsRequest(snapshotter=self._conn.snapshotter),
+            metadata=self._conn.md(),
+        )
+        now = time.time()
+        orphans = [
+            info.name
+            async for resp in call
+            for info in resp.info
+            if info.kind != snapshots_pb2.COMMITTED
+            and info.labels.get(SANDBOX_LABEL) == info.name
+            and info.name not in containers
+            and now - info.created_at.ToSeconds() >= older_than_s
+        ]
+        return sorted(orphans)
 
     async def lease_ids(self) -> list[str]:
         resp = await self._conn.leases.List(leases_pb2.ListRequest(), metadata=self._conn.md())

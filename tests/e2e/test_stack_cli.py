@@ -24,15 +24,16 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cli_env() -> Iterator[dict[str, str]]:
     state = Path(tempfile.mkdtemp(prefix="corral-e2e-", dir="/tmp"))
+    # Below 32768, the kernel's ephemeral range, where outgoing connections take ports.
     offset = int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
     env = {
         **os.environ,
         "CORRAL_STATE_DIR": str(state),
-        "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{37233 + offset}",
-        "CORRAL_TEMPORAL_UI_PORT": str(38233 + offset),
-        "CORRAL_TEMPORAL_METRICS_PORT": str(39233 + offset),
-        "CORRAL_METRICS_PORT_BASE": str(39460 + offset),
-        "CORRAL_INTAKE_PORT": str(38765 + offset),
+        "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{26233 + offset}",
+        "CORRAL_TEMPORAL_UI_PORT": str(26333 + offset),
+        "CORRAL_TEMPORAL_METRICS_PORT": str(26433 + offset),
+        "CORRAL_METRICS_PORT_BASE": str(26460 + offset),
+        "CORRAL_INTAKE_PORT": str(26765 + offset),
         "CORRAL_NODES": "1",
     }
     try:

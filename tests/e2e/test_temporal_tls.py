@@ -196,8 +196,10 @@ def stack_pid(state: str, name: str) -> int:
 def tls_env() -> Iterator[tuple[dict[str, str], Proxy]]:
     state = Path(tempfile.mkdtemp(prefix="corral-e2e-tls-", dir="/tmp"))
     proxy_dir = Path(tempfile.mkdtemp(prefix="corral-e2e-tls-proxy-", dir="/tmp"))
+    # Below 32768, the kernel's ephemeral range: nginx's own connections to the
+    # dev server take ports from there, and once took the sensor's metrics port.
     offset = int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
-    dev_server = f"127.0.0.1:{41233 + offset}"
+    dev_server = f"127.0.0.1:{24233 + offset}"
     proxy = start_proxy(proxy_dir, upstream=dev_server)
     env = {
         **os.environ,
@@ -208,10 +210,10 @@ def tls_env() -> Iterator[tuple[dict[str, str], Proxy]]:
         "CORRAL_TEMPORAL_TLS": "1",
         "CORRAL_TEMPORAL_TLS_CA": str(proxy.ca),
         "CORRAL_TEMPORAL_API_KEY": API_KEY,
-        "CORRAL_TEMPORAL_UI_PORT": str(42233 + offset),
-        "CORRAL_TEMPORAL_METRICS_PORT": str(43233 + offset),
-        "CORRAL_METRICS_PORT_BASE": str(43460 + offset),
-        "CORRAL_INTAKE_PORT": str(42765 + offset),
+        "CORRAL_TEMPORAL_UI_PORT": str(24333 + offset),
+        "CORRAL_TEMPORAL_METRICS_PORT": str(24433 + offset),
+        "CORRAL_METRICS_PORT_BASE": str(24460 + offset),
+        "CORRAL_INTAKE_PORT": str(24765 + offset),
         "CORRAL_NODES": "1",
         "CORRAL_WARM_POOL": "",
     }

@@ -109,16 +109,17 @@ async def _page_socket(http: aiohttp.ClientSession, port: int) -> str:
 
 @pytest.fixture(scope="module")
 def webui_config() -> Iterator[StackConfig]:
-    """A one-node stack of this module's own (ports 52233... + the test offset: not the
-    session stack's, nor the 30000-up family episodes/conftest.py shifts it to), so
-    that it runs beside the integration session's stack, also in one pytest run."""
+    """A one-node stack of this module's own (ports 28233... + the test offset: not the
+    session stack's, nor the 30000-up family episodes/conftest.py shifts it to, and
+    below 32768, the kernel's ephemeral range), so that it runs beside the
+    integration session's stack, also in one pytest run."""
     offset = int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
     ports = {
-        "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{52233 + offset}",
-        "CORRAL_TEMPORAL_UI_PORT": str(53233 + offset),
-        "CORRAL_TEMPORAL_METRICS_PORT": str(54233 + offset),
-        "CORRAL_METRICS_PORT_BASE": str(59460 + offset),
-        "CORRAL_INTAKE_PORT": str(53765 + offset),
+        "CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{28233 + offset}",
+        "CORRAL_TEMPORAL_UI_PORT": str(28333 + offset),
+        "CORRAL_TEMPORAL_METRICS_PORT": str(28433 + offset),
+        "CORRAL_METRICS_PORT_BASE": str(28460 + offset),
+        "CORRAL_INTAKE_PORT": str(28765 + offset),
     }
     state = tempfile.mkdtemp(prefix="corral-webui-", dir="/tmp")
     env = {**integration.TEST_ENV, **ports, "CORRAL_NODES": "1", "CORRAL_STATE_DIR": state}

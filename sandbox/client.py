@@ -59,6 +59,8 @@ RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
 SHIM_GROUP_LABEL = "io.containerd.runc.v2.group"
 TENANT_LABEL = "corral.tenant"  # set by the episode workflow; the shim-sharing key
 SANDBOX_LABEL = "corral.sandbox"
+_SHIM_GONE = "ttrpc: closed"  # a Delete whose shim exited meanwhile
+SHIM_CLEANUP_CHECKS, SHIM_CLEANUP_WAIT_S = 20, 0.1
 IMAGE_LABEL = "corral.image"
 RUNTIME_LABEL = "corral.runtime"
 NETWORK_LABEL = "corral.network"
@@ -529,8 +531,19 @@ class Containerd:
         except grpc.aio.AioRpcError as err:
             if is_not_found(err):
                 return False
+            if _SHIM_GONE in (err.details() or "") and await self._task_cleaned_up(sandbox_id):
+                return True
             raise map_grpc_error(err, f"delete task of sandbox {sandbox_id!r}") from err
         return True
+
+    async def _task_cleaned_up(self, sandbox_id: str) -> bool:
+        """A shared shim that exited under a burst of deletes: containerd cleans
+        its tasks up as a dead shim's, this one included, a moment later."""
+        for _ in range(SHIM_CLEANUP_CHECKS):
+            if await self._get_task(sandbox_id) is None:
+                return True
+            await asyncio.sleep(SHIM_CLEANUP_WAIT_S)
+        return False
 
     async def _kill_all(self, sandbox_id: str, status: int) -> None:
         tasks, md = self._conn.tasks, self._conn.md()

@@ -29,13 +29,13 @@ class FakeTasks:
     gets: int = 0
     deletes: list[str] = field(default_factory=list)
 
-    async def Get(self, request: Any, metadata: Any = None) -> Any:  # noqa: N802 - gRPC's name
+    async def Get(self, request: Any, metadata: Any = None) -> Any:
         self.gets += 1
         if self.gets > self.gets_before_cleanup:
             raise _rpc_error(grpc.StatusCode.NOT_FOUND, "no running task found")
         return type("Resp", (), {"process": type("Process", (), {"status": 3})()})()
 
-    async def Delete(self, request: Any, metadata: Any = None) -> Any:  # noqa: N802
+    async def Delete(self, request: Any, metadata: Any = None) -> Any:
         self.deletes.append(request.container_id)
         raise _rpc_error(grpc.StatusCode.UNKNOWN, "failed to delete task: ttrpc: closed")
 

@@ -239,11 +239,11 @@ async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_j
 
 
 async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> None:
-    from corral.bench_defense import VARIANTS, run_defense
+    from corral.bench_defense import DENSITY_ORDER, VARIANTS, run_defense
 
     report = await _with_progress(
         "bench --defense",
-        n * len(VARIANTS) + 2 * density,
+        n * len(VARIANTS) + len(DENSITY_ORDER) * density,
         lambda tick: run_defense(ctx.config, n=n, density=density, tick=tick),
     )
     _show(report, as_json)

@@ -64,9 +64,13 @@ class StandInEpisode:
             await self._admission.admit(input.spec, input.policy, on_wait=self._waiting)
             self._status = StandInStatus(state="running")
             await workflow.wait_condition(lambda: self._finish)
-            return "done"
-        finally:
+        except GeneratorExit:  # evicted from the cache: no workflow call from here
+            raise
+        except BaseException:
             await self._admission.release()
+            raise
+        await self._admission.release()
+        return "done"
 
     def _waiting(self, reason: str) -> None:
         self._status = StandInStatus(state="waiting", reason=reason)

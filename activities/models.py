@@ -293,6 +293,9 @@ class TeardownInput(BaseModel):
     # The closing episode's run: its lean run on the node is stopped first.
     run_id: str = ""
     record: RecordEpisodeInput | None = None  # written to the store once torn down
+    # The episode's hibernation snapshots: removed from this node once the sandbox
+    # is gone (a copy pushed to a registry stays there).
+    drop_images: list[str] = Field(default_factory=list)
 
 
 class RunScriptedInput(BaseModel):

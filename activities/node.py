@@ -60,7 +60,7 @@ from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, Reco
 from observability.tracing import span
 from sandbox import Containerd, ExecResult, SandboxSpec, network
 from sandbox.cgroups import CPU_MODE_LABEL, IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
-from sandbox.errors import CorralError, SandboxError, SandboxNotFound
+from sandbox.errors import CorralError, ImageNotFound, SandboxError, SandboxNotFound
 from sandbox.registry import RegistryOptions
 from sandbox.userns import range_for_tenant
 
@@ -255,6 +255,8 @@ class NodeActivities:
                 _mapped(self._containerd.destroy_sandbox(input.sandbox_id))
             )
         shutil.rmtree(self._journal_dir(input.sandbox_id), ignore_errors=True)
+        for image in input.drop_images:
+            await _mapped(self._drop_image(image))
         (await self._ledger()).pop(input.sandbox_id, None)
         seconds = time.monotonic() - started
         if removed:
@@ -266,6 +268,10 @@ class NodeActivities:
             input.record.result.teardown_s = seconds
             self._record(input.record)
         return TeardownResult(sandbox_id=input.sandbox_id, removed=removed, teardown_s=seconds)
+
+    async def _drop_image(self, image: str) -> None:
+        with contextlib.suppress(ImageNotFound):  # a retried teardown removed it already
+            await self._containerd.images.remove(image)
 
     @activity.defn(name="corral.freeze")
     async def freeze(self, input: SandboxRef) -> None:

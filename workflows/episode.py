@@ -559,6 +559,7 @@ class EpisodeWorkflow:
                 NodeActivities.teardown, TeardownInput(sandbox_id=self._s.sandbox_id), timeout_s=120
             )
             self._s.hibernated_ref = result.ref
+            self._s.hibernations.append(result.ref)
             self._set_state("hibernated")
 
     async def _wake(self) -> None:
@@ -863,6 +864,7 @@ class EpisodeWorkflow:
                     workflow_id=record.workflow_id,
                     run_id=record.run_id,
                     record=record,
+                    drop_images=self._s.hibernations,
                 ),
                 timeout_s=120,
             )

@@ -156,6 +156,8 @@ class EpisodeState(BaseModel):
     # Idle past timeouts.hibernate_after_s: the sandbox was snapshotted to this
     # ref and freed; the next request provisions it again from the ref.
     hibernated_ref: str = ""
+    # Every hibernation's snapshot: internal, removed from the node at teardown.
+    hibernations: list[str] = Field(default_factory=list)
     reason: str = ""
     last_activity: datetime | None = None
     # Per run: bumped by every request (resets the idle timer), counted for

@@ -11,6 +11,8 @@ from episode_helpers import eventually, sandbox_exists
 
 from corral.errors import InvalidEpisodeSpec
 from corral.sdk import Corral, Episode
+from sandbox.client import Containerd
+from sandbox.snapshot import snapshot_ref
 from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
@@ -122,7 +124,26 @@ async def test_hibernate_frees_the_sandbox_and_restore_keeps_files(
     assert (await episode.exec("cat /keep/me.txt")).stdout == "still here\n"
     status = await episode.status()
     assert status.state in ("running", "hibernated")  # it may idle out again
+    assert await _hibernation_images(stack_config, episode.id)
     await _finish_all([episode], stack_config)
+    # Hibernation snapshots are the episode's own: its teardown removes them.
+    assert await _hibernation_images(stack_config, episode.id) == []
+
+
+async def _hibernation_images(config: StackConfig, episode_id: str) -> list[str]:
+    """Every node's images that are this episode's hibernation snapshots."""
+    repo = snapshot_ref(episode_id, "x").rsplit(":", 1)[0]
+    names = []
+    for node in config.node_names():
+        async with await Containerd.connect(
+            str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+        ) as client:
+            names += [
+                image.name
+                for image in await client.images.list()
+                if f"{repo}:hibernate-" in image.name
+            ]
+    return names
 
 
 async def test_bad_fork_and_snapshot_requests_are_refused(corral: Corral) -> None:

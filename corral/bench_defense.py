@@ -16,7 +16,7 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +131,6 @@ async def _hold(
     )
 
 
-def _mean(values: Iterable[float]) -> float:
-    return statistics.fmean(values)
-
-
 def _cgroup_memory_mb(sandbox_id: str) -> float:
     usage = CGROUP_MEMORY / cgroups_path(sandbox_id).lstrip("/") / "memory.usage_in_bytes"
     try:
@@ -168,11 +164,12 @@ async def measure_defense(
         for variant in ("userns", "quota", "defaults")
     }
     ratios["density creations per second defaults / off"] = _ratio(
-        _mean(f.per_second for f in held["defaults"]), _mean(f.per_second for f in held["off"])
+        statistics.fmean(f.per_second for f in held["defaults"]),
+        statistics.fmean(f.per_second for f in held["off"]),
     )
     ratios["density cgroup memory per sandbox defaults / off"] = _ratio(
-        _mean(f.cgroup_memory_per_sandbox_mb for f in held["defaults"]),
-        _mean(f.cgroup_memory_per_sandbox_mb for f in held["off"]),
+        statistics.fmean(f.cgroup_memory_per_sandbox_mb for f in held["defaults"]),
+        statistics.fmean(f.cgroup_memory_per_sandbox_mb for f in held["off"]),
     )
     return DefenseReport(
         n=n,

@@ -22,7 +22,6 @@ from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
 from sandbox import network, quota, shimns, userns, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
-from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.namespaces.v1 import namespace_pb2
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
@@ -410,20 +409,10 @@ class Containerd:
             return key
 
     async def _tie_to_image(self, image: str, key: str, mapping: userns.IdMapping) -> None:
-        """Keep the remapped copy exactly as long as the image: a garbage-collection
-        reference from the image's config blob (containerd reads ``<label>/<suffix>``)."""
+        """Keep the remapped copy exactly as long as the image."""
         manifest = await self.images._manifest_from_store(await self.images.get(image))
-        label = (
-            f"containerd.io/gc.ref.snapshot.{self._conn.snapshotter}"
-            f"/userns-{mapping.host_id}-{mapping.size}"
-        )
-        await self._conn.content.Update(
-            content_pb2.UpdateRequest(
-                info=content_pb2.Info(digest=manifest["config"]["digest"], labels={label: key}),
-                update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"]),
-            ),
-            metadata=self._conn.md(),
-        )
+        slot = mapping.snapshot_suffix.removeprefix("@")
+        await self.images.keep_snapshot(manifest["config"]["digest"], key, slot)
 
     def _snapshotter(self) -> tuple[bool, tuple[int, int] | None]:
         """(on the quota filesystem, its block device for blkio limits)."""
@@ -629,37 +618,33 @@ class Containerd:
 
     async def snapshot_keys(self, *, active_only: bool = False) -> list[str]:
         """Snapshot keys; ``active_only`` leaves out committed image layers."""
-        call = self._conn.snapshots.List(
-            snapshots_pb2.ListSnapshotsRequest(snapshotter=self._conn.snapshotter),
-            metadata=self._conn.md(),
+        return sorted(
+            info.name
+            for info in await self._snapshot_infos()
+            if not active_only or info.kind != snapshots_pb2.COMMITTED
         )
-        keys = []
-        async for resp in call:
-            for info in resp.info:
-                if not active_only or info.kind != snapshots_pb2.COMMITTED:
-                    keys.append(info.name)
-        return sorted(keys)
 
     async def orphan_snapshots(self, containers: set[str], older_than_s: float) -> list[str]:
         """Sandbox rootfs snapshots made more than ``older_than_s`` ago whose sandbox
         is not in ``containers`` (listed before this call): a create cut off between
         `Snapshots.Prepare` and `Containers.Create`, the node killed mid-provision.
         Their lease keeps them from the GC until it expires."""
-        call = self._conn.snapshots.List(
-            snapshots_pb2.ListSnapshotsRequest(snapshotter=self._conn.snapshotter),
-            metadata=self._conn.md(),
-        )
         now = time.time()
-        orphans = [
+        return sorted(
             info.name
-            async for resp in call
-            for info in resp.info
+            for info in await self._snapshot_infos()
             if info.kind != snapshots_pb2.COMMITTED
             and info.labels.get(SANDBOX_LABEL) == info.name
             and info.name not in containers
             and now - info.created_at.ToSeconds() >= older_than_s
-        ]
-        return sorted(orphans)
+        )
+
+    async def _snapshot_infos(self) -> list[Any]:
+        call = self._conn.snapshots.List(
+            snapshots_pb2.ListSnapshotsRequest(snapshotter=self._conn.snapshotter),
+            metadata=self._conn.md(),
+        )
+        return [info async for resp in call for info in resp.info]
 
     async def lease_ids(self) -> list[str]:
         resp = await self._conn.leases.List(leases_pb2.ListRequest(), metadata=self._conn.md())

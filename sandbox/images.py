@@ -392,21 +392,26 @@ class ImageStore:
     # -- unpack --------------------------------------------------------------
     async def unpack(self, manifest: dict[str, Any], chains: Sequence[str], lease: str) -> None:
         """Apply each layer on its parent snapshot, committing it under its chain id."""
-        snapshotter = self._conn.snapshotter
         parent = ""
         for layer, chain in zip(manifest["layers"], chains, strict=True):
             if not await self._has_snapshot(chain):
                 await self._apply_layer(layer, chain, parent, lease)
             parent = chain
+        await self.keep_snapshot(manifest["config"]["digest"], chains[-1], lease=lease)
+
+    async def keep_snapshot(
+        self, config_digest: str, key: str, slot: str = "", lease: str | None = None
+    ) -> None:
+        """Keep snapshot ``key`` exactly as long as the image whose config blob this
+        is: a garbage-collection reference from the blob (containerd reads
+        ``gc.ref.snapshot.<snapshotter>[/<slot>]``; one label per slot)."""
+        label = f"containerd.io/gc.ref.snapshot.{self._conn.snapshotter}"
+        if slot:
+            label += f"/{slot}"
         await self._conn.content.Update(
             content_pb2.UpdateRequest(
-                info=content_pb2.Info(
-                    digest=manifest["config"]["digest"],
-                    labels={f"containerd.io/gc.ref.snapshot.{snapshotter}": chains[-1]},
-                ),
-                update_mask=field_mask_pb2.FieldMask(
-                    paths=[f"labels.containerd.io/gc.ref.snapshot.{snapshotter}"]
-                ),
+                info=content_pb2.Info(digest=config_digest, labels={label: key}),
+                update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"]),
             ),
             metadata=self._md(lease),
         )

@@ -34,7 +34,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
-from google.protobuf import field_mask_pb2
 
 from sandbox import hosttools
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
@@ -95,6 +94,7 @@ async def commit_sandbox(
     config = await images._read_json(manifest["config"]["digest"])
     async with conn.lease("snapshot") as lease:
         parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
+        suffix = _userns_suffix(parent)
         with _mapped_errors(sandbox_id):
             upper = await conn.snapshots.Mounts(
                 snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
@@ -102,12 +102,16 @@ async def commit_sandbox(
             )
         async with _paused(conn, sandbox_id):
             layer = await _diff_sandbox(conn, sandbox_id, parent, upper.mounts, lease)
+            # An uncompressed layer's digest is its diff id.
             diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
-            top = chain_ids(diff_ids)[-1] + _userns_suffix(parent)
+            chains = chain_ids(diff_ids)
+            top = chains[-1] + suffix
             if not await images._has_snapshot(top):  # else: unchanged since the last one
                 await _copy_upper(conn, sandbox_id, upper.mounts, parent, top, lease)
-        new_manifest, chains = await _stack_layer(images, manifest, config, layer, lease)
-        await _tie_snapshot(conn, new_manifest, top, lease)
+        new_manifest = await _stack_layer(images, manifest, config, layer, diff_ids, lease)
+        # Under the slot unpacking or the user-namespace copy would have used.
+        slot = suffix.removeprefix("@")
+        await images.keep_snapshot(new_manifest["config"]["digest"], top, slot, lease)
         manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
         all_labels = {
             **labels,
@@ -188,22 +192,6 @@ def _upper_dir(mounts: Any, what: str) -> str:
         if mount.type == "bind" and "rw" in mount.options:
             return str(mount.source)  # a snapshot with no parent is a plain directory
     raise SnapshotFailed(f"{what}: the snapshotter gave no writable directory")
-
-
-async def _tie_snapshot(conn: Connection, manifest: dict[str, Any], top: str, lease: str) -> None:
-    """The new config blob keeps the committed snapshot alive (garbage collection),
-    under the label unpacking or the user-namespace copy would have set."""
-    label = f"containerd.io/gc.ref.snapshot.{conn.snapshotter}"
-    suffix = _userns_suffix(top)
-    if suffix:
-        label += "/" + suffix.removeprefix("@")
-    await conn.content.Update(
-        content_pb2.UpdateRequest(
-            info=content_pb2.Info(digest=manifest["config"]["digest"], labels={label: top}),
-            update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{label}"]),
-        ),
-        metadata=conn.md(lease),
-    )
 
 
 async def _snapshot_parent(conn: Connection, sandbox_id: str) -> str:
@@ -293,13 +281,13 @@ async def _stack_layer(
     manifest: dict[str, Any],
     config: dict[str, Any],
     layer: dict[str, Any],
+    diff_ids: list[str],
     lease: str,
-) -> tuple[dict[str, Any], list[str]]:
-    """The base manifest and config with ``layer`` on top; the config blob is written."""
+) -> dict[str, Any]:
+    """The base manifest and config with ``layer`` (whose diff ids end ``diff_ids``)
+    on top; the config blob is written."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     new_config = dict(config)
-    # An uncompressed layer's digest is its diff id.
-    diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
     new_config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
     new_config["created"] = now
     new_config["history"] = [
@@ -315,7 +303,7 @@ async def _stack_layer(
         "config": config_desc,
         "layers": [*manifest["layers"], layer],
     }
-    return new_manifest, chain_ids(diff_ids)
+    return new_manifest
 
 
 async def _write_json(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import polars as pl
 import pytest
 from cli_helpers import corral, processes_of
 
+from tests.net import listening
 from workflows.models import EpisodeResult
 
 pytestmark = pytest.mark.integration
@@ -46,12 +46,6 @@ def run_env() -> Iterator[dict[str, str]]:
         assert leftover == [], leftover
 
 
-def _busy(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.3)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _free_ports() -> dict[str, str]:
     """A port family nobody serves: the machine is shared by other test stacks."""
     for base in range(50000, 64000, 2000):
@@ -63,7 +57,7 @@ def _free_ports() -> dict[str, str]:
             "CORRAL_INTAKE_PORT": base + 1765,
         }
         probe = [*ports.values(), *range(base + 233, base + 240), *range(base + 1460, base + 1466)]
-        if not any(_busy(p) for p in probe):
+        if not any(listening(p) for p in probe):
             env = {k: str(v) for k, v in ports.items()}
             env["CORRAL_TEMPORAL_ADDRESS"] = f"127.0.0.1:{base + 233}"
             return env

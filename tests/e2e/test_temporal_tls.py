@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import corral, processes_of
-from net import free_port
+
+from tests.net import free_port, listening
 
 pytestmark = pytest.mark.integration
 
@@ -180,10 +180,7 @@ def proxy_client_ports(pid: int, proxy_port: int) -> set[int]:
 
 def wait_listening(port: int) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
+    while not listening(port):
         assert time.monotonic() < deadline, f"nothing listens on 127.0.0.1:{port}"
         time.sleep(0.1)
 

@@ -9,10 +9,11 @@ of failing on a port that is not theirs.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
+
+from tests.net import listening
 
 _INTEGRATION_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 _PORT_KEYS = (
@@ -24,19 +25,13 @@ _PORT_KEYS = (
 )
 
 
-def _busy(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.3)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _ports(env: dict[str, str]) -> list[int]:
     ports = [int(env[k].rsplit(":", 1)[-1]) for k in _PORT_KEYS]
     base = int(env["CORRAL_METRICS_PORT_BASE"])
     return ports + list(range(base, base + 2 * 17))
 
 
-def _shift_ports_if_busy(config: pytest.Config) -> None:
+def _shift_ports_iflistening(config: pytest.Config) -> None:
     module = next(
         (
             m
@@ -46,7 +41,7 @@ def _shift_ports_if_busy(config: pytest.Config) -> None:
         None,
     )
     env = getattr(module, "TEST_ENV", None)
-    if env is None or not any(_busy(p) for p in _ports(env)):
+    if env is None or not any(listening(p) for p in _ports(env)):
         return
     for shift in (30000, 40000, 41000):
         shifted = {
@@ -57,7 +52,7 @@ def _shift_ports_if_busy(config: pytest.Config) -> None:
             )
             for key in _PORT_KEYS
         }
-        if not any(_busy(p) for p in _ports(shifted)):
+        if not any(listening(p) for p in _ports(shifted)):
             env.update(shifted)
             return
 
@@ -65,4 +60,4 @@ def _shift_ports_if_busy(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _free_test_ports(request: pytest.FixtureRequest) -> None:
     """Runs before the session stack is made (session autouse fixtures come first)."""
-    _shift_ports_if_busy(request.config)
+    _shift_ports_iflistening(request.config)

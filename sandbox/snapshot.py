@@ -353,7 +353,7 @@ async def _remove_snapshot_quietly(conn: Connection, key: str) -> None:
         )
     except grpc.aio.AioRpcError as err:
         if not is_not_found(err):
-            raise map_grpc_error(err, f"remove snapshot view {key!r}") from err
+            raise map_grpc_error(err, f"remove snapshot {key!r}") from err
 
 
 # -- between daemons ---------------------------------------------------------------

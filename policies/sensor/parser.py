@@ -197,14 +197,17 @@ class Parser:
 
     # ------------------------------------------------------------ common
 
-    def _base(self, d: list[Any], etype: str) -> Event:
+    def _base(self, d: list[Any], etype: str, *, fresh: bool = False) -> Event:
         ts, tid, pid, cgid, uid, gid, comm = d[1:HDR]
-        proc = self.table.lookup(pid, tid, comm, ts)
+        proc = self.table.lookup(pid, tid, comm, ts, fresh=fresh)
         container = self.cgroups.container(cgid, pid)
         cid = container.full_id if container else None
         proc.container_id = proc.container_id or cid
         uid, gid = self._inside_ids(cid, pid, uid, gid)
-        proc.uid, proc.gid = uid, gid
+        if (proc.uid, proc.gid) != (uid, gid):
+            if proc.uid != -1 and not fresh:  # setuid: earlier events keep the old ids
+                proc = self.table.successor(proc)
+            proc.uid, proc.gid = uid, gid
         self._num += 1
         return Event(
             type=etype, dir="<", ts_ns=ts, tid=tid, pid=pid, proc=proc, container=container,
@@ -393,13 +396,19 @@ class Parser:
 
     def _chdir(self, evt: Event) -> None:
         if evt.res == 0:
-            evt.proc.cwd = fl.resolve_path(evt.args.get("path", ""), evt.proc.cwd)
+            cwd = fl.resolve_path(evt.args.get("path", ""), evt.proc.cwd)
+            self._set_cwd(evt, cwd)
 
     def _fchdir(self, evt: Event) -> None:
         fd = evt.proc.fds.get(evt.args.get("fd", -1))
         evt.fd = fd
         if evt.res == 0 and fd is not None:
-            evt.proc.cwd = fd.name
+            self._set_cwd(evt, fd.name)
+
+    def _set_cwd(self, evt: Event, cwd: str) -> None:
+        # The event and those before it keep the directory they ran in.
+        if cwd != evt.proc.cwd:
+            self.table.successor(evt.proc).cwd = cwd
 
     # ------------------------------------------------------------ process records
 
@@ -407,8 +416,10 @@ class Parser:
         name = pg.NAMES[d[HDR]]
         pending = self._execs.pop(d[2], None)
         exe_name = self._strs.pop(d[2], {}).get(0, "")
-        evt = self._base(d, name)
-        evt.res = signed32(d[HDR + 1])
+        res = signed32(d[HDR + 1])
+        # A successful exec makes a new process object: events before it keep the old.
+        evt = self._base(d, name, fresh=res == 0)
+        evt.res = res
         filename = pending.filename if pending else ""
         evt.args = {"filename": filename}
         if evt.res == 0:

@@ -3,17 +3,30 @@
 Built from the sensor's fork/exec/exit records, completed from /proc/<pid>
 for processes first seen mid-flight (started before the sensor, or whose
 fork was lost). Parent links make proc.pname / proc.aname[N] cheap.
+
+Copy on change: an event keeps the ``Process`` it was parsed with, so that
+it reports the process as it was at the syscall (Falco's view) even when the
+process execs, renames itself, changes uid or directory later in the same
+batch. Each such change makes a *successor* (a copy, then changed) that
+replaces the old object in ``procs`` under the same pid; the old object is
+never changed again. A process whose ancestor got a successor gets one too,
+pointing at the new ancestor, at its next event (checked once per change:
+``_epoch``), so ``proc.pname`` and ``proc.aname`` follow the parent's exec as
+Falco's do.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from operator import attrgetter
 from pathlib import Path
 
 from policies.falco.event import GroupInfo, Process, UserInfo
 
 MAX_PENDING_FORKS = 65536
+_SLOTS: tuple[str, ...] = Process.__slots__  # type: ignore[attr-defined]
+_values = attrgetter(*_SLOTS)
 LOGINUID_UNSET = 0xFFFFFFFF
 
 
@@ -44,19 +57,24 @@ def _status_fields(pid: int) -> dict[str, str]:
 class ProcessTable:
     def __init__(self, proc_root: str = "/proc") -> None:
         self.procs: dict[int, Process] = {}
-        # child tid -> (parent pid, fork ts); resolved when the child shows up as a process
-        self._forks: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # child tid -> (parent pid, fork ts, the parent as it was at the fork);
+        # resolved when the child shows up as a process
+        self._forks: OrderedDict[int, tuple[int, int, Process | None]] = OrderedDict()
         self.proc_root = proc_root
         self._passwd: dict[str, dict[int, tuple[str, str, str]]] = {}
         self._group: dict[str, dict[int, str]] = {}
-        # pids whose /proc details (vpid, caps, env...) were not read since their
-        # exec: read only once one of their events is worth evaluating.
-        self.stale: set[int] = set()
+        # pid -> the process (object) whose /proc details (vpid, caps, env...) were
+        # not read since its exec: read only once one of its events is worth evaluating.
+        self.stale: dict[int, Process] = {}
+        # Bumped whenever a successor replaces a process; pid -> the epoch at which
+        # that pid's ancestors were last known current.
+        self._epoch = 0
+        self._checked: dict[int, int] = {}
 
     # ------------------------------------------------------------ records
 
     def on_fork(self, parent_pid: int, child_tid: int, ts: int) -> None:
-        self._forks[child_tid] = (parent_pid, ts)
+        self._forks[child_tid] = (parent_pid, ts, self.procs.get(parent_pid))
         if len(self._forks) > MAX_PENDING_FORKS:
             self._forks.popitem(last=False)
 
@@ -64,28 +82,82 @@ class ProcessTable:
         self._forks.pop(tid, None)
         if tid != pid:
             return None
-        self.stale.discard(pid)
+        self.stale.pop(pid, None)
+        self._checked.pop(pid, None)
         proc = self.procs.pop(pid, None)
         if proc is not None:
             proc.exited = True  # children keep their reference for the ancestry
         return proc
 
-    def lookup(self, pid: int, tid: int, comm: str, ts: int) -> Process:
+    def lookup(self, pid: int, tid: int, comm: str, ts: int, *, fresh: bool = False) -> Process:
+        """The process of an event by ``pid`` now; ``fresh``: a new successor even
+        if nothing changed (an exec is about to change it)."""
         proc = self.procs.get(pid)
         if proc is None:
             proc = self._new(pid, tid, comm, ts)
             self.procs[pid] = proc
-        elif comm and proc.name != comm:
-            proc.name = comm  # prctl(PR_SET_NAME) or exec
+            self._checked[pid] = self._epoch
+            return proc
+        if self._checked.get(pid) != self._epoch:
+            proc = self._with_current_ancestors(proc)
+        if fresh or (comm and proc.name != comm):
+            proc = self.successor(proc)
+            if comm:
+                proc.name = comm  # prctl(PR_SET_NAME) or exec
+        return proc
+
+    def successor(self, proc: Process, parent: Process | None = None) -> Process:
+        """A copy of ``proc`` that replaces it in the table (if it is there): the
+        caller changes the copy; events that hold ``proc`` keep what it was."""
+        new = _copy(proc)
+        if parent is not None:
+            new.parent = parent
+        if self.procs.get(proc.pid) is proc:
+            self.procs[proc.pid] = new
+            if self.stale.get(proc.pid) is proc:
+                self.stale[proc.pid] = new
+        self._epoch += 1
+        self._checked[proc.pid] = self._epoch
+        return new
+
+    def _latest(self, proc: Process) -> Process:
+        """The live successor of ``proc``, or ``proc``."""
+        if proc.exited:
+            return proc
+        now = self.procs.get(proc.pid)
+        return proc if now is None else now
+
+    def _with_current_ancestors(self, proc: Process) -> Process:
+        """``proc``, or a successor of it (and of its ancestors, as needed) whose
+        parent links lead to the table's current objects."""
+        chain = proc.ancestors()
+        top = -1
+        for i, a in enumerate(chain):
+            if self._latest(a) is not a:
+                top = i
+        if top >= 0:
+            parent = self._latest(chain[top])
+            for a in reversed(chain[:top]):
+                cur = self._latest(a)
+                if cur.parent is not parent:
+                    cur = self.successor(cur, parent)
+                parent = cur
+            if proc.parent is not parent:
+                proc = self.successor(proc, parent)
+        self._checked[proc.pid] = self._epoch
         return proc
 
     def _new(self, pid: int, tid: int, comm: str, ts: int) -> Process:
         fork = self._forks.pop(pid, None)
-        parent = self.procs.get(fork[0]) if fork else None
+        # The child runs the image its parent had at the fork, even if the parent
+        # has exec'd since; its parent link is the parent's current object.
+        parent = (fork[2] or self.procs.get(fork[0])) if fork else None
         if parent is not None and fork is not None:
-            if parent.pid in self.stale:
-                self.stale.add(pid)
-            return self._clone(parent, pid, comm, fork[1])
+            child = self._clone(parent, pid, comm, fork[1])
+            child.parent = self._latest(parent)
+            if self.stale.get(parent.pid) is parent:
+                self.stale[pid] = child
+            return child
         return self.from_proc(pid, comm, ts)
 
     def _clone(self, parent: Process, pid: int, comm: str, ts: int) -> Process:
@@ -172,35 +244,40 @@ class ProcessTable:
             proc.pgid, proc.sid, proc.tty = int(rest[2]), int(rest[3]), int(rest[4])
 
     def on_exec(self, proc: Process, filename: str, argv: list[str] | None) -> None:
-        """A successful execve: new image, same pid; /proc is read by ``complete``."""
+        """A successful execve: new image, same pid; /proc is read by ``complete``.
+        ``proc`` is the successor ``lookup(..., fresh=True)`` made for it."""
         if argv:
             proc.exe, proc.args = argv[0], argv[1:]
         else:
             proc.exe, proc.args = filename, []
         proc.exepath = _resolve(filename, proc.cwd)
         proc.env = None
-        self.stale.add(proc.pid)
+        self.stale[proc.pid] = proc
 
     def complete(self, proc: Process) -> bool:
         """Read what /proc adds after an exec, once; False if it was not stale."""
-        if proc.pid not in self.stale:
+        if self.stale.get(proc.pid) is not proc:
             return False
-        self.stale.discard(proc.pid)
+        del self.stale[proc.pid]
         self.refresh_after_exec(proc)
         return True
 
     def refresh_after_exec(self, proc: Process) -> None:
         base = f"{self.proc_root}/{proc.pid}"
-        exe = _readlink(f"{base}/exe")
-        if exe:
-            proc.exepath = exe.removesuffix(" (deleted)")
         st = _status_fields(proc.pid)
+        # Exec'd again since (its name in /proc is another's): /proc's exe and
+        # environment are that later program's; keep what the records said.
+        exec_since = bool(proc.name and st.get("Name") and st["Name"] != proc.name[:15])
+        if not exec_since:
+            exe = _readlink(f"{base}/exe")
+            if exe:
+                proc.exepath = exe.removesuffix(" (deleted)")
         if st:
             self._apply_status(proc, st)
         stat = _read(f"{base}/stat")
         if stat:
             self._apply_stat(proc, stat)
-        env = _read(f"{base}/environ")
+        env = _read(f"{base}/environ") if not exec_since else None
         if env is not None:
             proc.env = dict(kv.split("=", 1) for kv in env.split("\0") if "=" in kv)
 
@@ -239,6 +316,14 @@ class ProcessTable:
     def forget_container(self, container_id: str) -> None:
         self._passwd.pop(container_id, None)
         self._group.pop(container_id, None)
+
+
+def _copy(proc: Process) -> Process:
+    """A shallow copy (twice copy.copy's speed: one per exec or rename)."""
+    new: Process = object.__new__(Process)
+    for name, value in zip(_SLOTS, _values(proc), strict=True):
+        setattr(new, name, value)
+    return new
 
 
 def _parse_passwd(text: str) -> dict[int, tuple[str, str, str]]:

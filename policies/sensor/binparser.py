@@ -24,6 +24,7 @@ STR_MAX = 256
 N_VALS = 6
 REC_ATTACHED = 9  # the loader attached every program
 REC_LOST = 10  # records the ring buffer had no room for
+REC_TICK = 11  # the loader's answer to `tick N`: every record before it is above
 
 HDR = struct.Struct("<HBBHHIIQQII16s")  # struct rec_hdr
 SYSCALL = struct.Struct(f"<q{N_VALS}Q")  # res, v[]
@@ -32,6 +33,7 @@ EXEC_EXIT = struct.Struct("<qIIQQIIIIQqqqq")
 FORK = struct.Struct("<II")
 EXIT = struct.Struct("<q")
 LOST = struct.Struct("<Q")
+TICK = struct.Struct("<Q")
 HDR_SIZE = HDR.size  # 56
 
 _STR_SLOTS: dict[int, tuple[tuple[int, str], ...]] = {
@@ -65,6 +67,7 @@ class BinaryParser(Parser):
         self.attached = False  # the loader said every program is attached
         self.watch_cgid: int | None = None  # a cgroup whose syscalls prove the probes live
         self.watch_seen = False
+        self.tick = 0  # the highest `tick N` the loader answered
 
     def feed_bytes(self, data: bytes, out: list[Event]) -> int:
         """Decode the whole records in ``data`` (events appended to ``out``);
@@ -139,6 +142,9 @@ class BinaryParser(Parser):
             return None
         elif code == REC_LOST:
             self.stats.lost += LOST.unpack_from(data, body)[0]
+            return None
+        elif code == REC_TICK:
+            self.tick = max(self.tick, TICK.unpack_from(data, body)[0])
             return None
         else:
             return None

@@ -8,11 +8,20 @@ puts in a map, ``NAME=FLAGS:KIND.POS.LENPOS.SIZE/...`` per traced syscall,
 made here from ``program.SYSCALLS`` and this kernel's tracepoint formats
 (the argument's position and its C type's size, so that an ``int`` reads as
 bpftrace reads it). Programs of syscalls no rule needs are never loaded.
+
+Calls seccomp denies: the sandbox's profile (``sandbox/seccomp.py``) denies
+mount, umount2, ptrace, setns, unshare, the module calls and bpf before the
+per-syscall tracepoints fire, so their enter/exit programs never see an
+attempt. On x86_64 those syscalls (``RAW_EXIT_NRS``) are written instead by
+one raw ``sys_exit`` program that reads the arguments from the caller's
+registers (``--raw-exit NR:NAME``); the loader then leaves their enter/exit
+pair out, so a call that is let through is one record too, never two.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -31,6 +40,48 @@ INT_SIZES = {"int": 4, "unsigned int": 4, "pid_t": 4, "uid_t": 4, "gid_t": 4, "q
 
 Fields = list[tuple[str, str]]  # (C type, name) of the tracepoint's arguments, in order
 
+# x86_64 syscall numbers of the calls the sandbox's seccomp profile denies (and
+# the rules watch), written by the raw sys_exit program. umount and umount2 are
+# one syscall there (166): its events are named umount2, as Falco names them,
+# unless only umount is wanted.
+RAW_EXIT_NRS = {"mount": 165, "umount": 166, "umount2": 166, "ptrace": 101, "setns": 308,
+                "unshare": 272, "init_module": 175, "finit_module": 313, "bpf": 321}  # fmt: skip
+# Their arguments, for a kernel without the syscall's tracepoint (no modules:
+# no init_module tracepoint); the names are the tracepoints' (program.SYSCALLS).
+RAW_EXIT_FIELDS: dict[str, Fields] = {
+    "mount": [("char *", "dev_name"), ("char *", "dir_name"), ("char *", "type"),
+              ("unsigned long", "flags"), ("void *", "data")],
+    "umount": [("char *", "name"), ("int", "flags")],
+    "umount2": [("char *", "name"), ("int", "flags")],
+    "ptrace": [("long", "request"), ("long", "pid"), ("unsigned long", "addr"),
+               ("unsigned long", "data")],
+    "setns": [("int", "fd"), ("int", "flags")],
+    "unshare": [("unsigned long", "unshare_flags")],
+    "init_module": [("void *", "umod"), ("unsigned long", "len"), ("const char *", "uargs")],
+    "finit_module": [("int", "fd"), ("const char *", "uargs"), ("int", "flags")],
+    "bpf": [("int", "cmd"), ("union bpf_attr *", "uattr"), ("unsigned int", "size")],
+}  # fmt: skip
+
+
+def raw_exit_supported() -> bool:
+    return platform.machine() == "x86_64"
+
+
+def raw_exits(syscalls: Iterable[str]) -> dict[str, int]:
+    """The syscalls of ``syscalls`` the raw sys_exit program writes: name -> number
+    (one name per number)."""
+    if not raw_exit_supported():
+        return {}
+    chosen = set(syscalls) & RAW_EXIT_NRS.keys()
+    if {"umount", "umount2"} <= chosen:
+        chosen.discard("umount")
+    return {name: RAW_EXIT_NRS[name] for name in sorted(chosen)}
+
+
+def available(syscall: str) -> bool:
+    """Traceable by the compiled backend: a tracepoint, or the raw exit's."""
+    return pg.tracepoint_exists(syscall) or (raw_exit_supported() and syscall in RAW_EXIT_NRS)
+
 
 def build_dir() -> Path:
     cache = os.environ.get("CORRAL_CACHE_DIR")
@@ -44,8 +95,12 @@ def loader_path() -> Path | None:
 
 
 def tracepoint_fields(syscall: str, events: Path = pg.TRACEFS_EVENTS) -> Fields:
-    """The arguments of ``sys_enter_<syscall>`` as its tracefs format lists them."""
-    text = (events / f"sys_enter_{syscall}" / "format").read_text()
+    """The arguments of ``sys_enter_<syscall>`` as its tracefs format lists them
+    (a raw-exit syscall without a tracepoint: ``RAW_EXIT_FIELDS``)."""
+    path = events / f"sys_enter_{syscall}" / "format"
+    if syscall in RAW_EXIT_FIELDS and not path.exists():
+        return list(RAW_EXIT_FIELDS[syscall])
+    text = path.read_text()
     fields: Fields = []
     for line in text.splitlines():
         line = line.strip()
@@ -90,9 +145,15 @@ def loader_args(
     exe_details: bool = True,
     fields_of: Callable[[str], Fields] = tracepoint_fields,
 ) -> list[str]:
+    syscalls = list(syscalls)
     args = ["--parent-id", str(cfg.parent_id), "--subsys", str(cfg.subsys_index)]
     if not exe_details:
         args.append("--no-exe-details")
+    raw = raw_exits(syscalls)
     for name in syscalls:
+        if name in RAW_EXIT_NRS and raw_exit_supported() and name not in raw:
+            continue  # umount beside umount2: the same syscall, traced once
         args += ["--trace", trace_spec(name, fields_of(name))]
+    for name, nr in raw.items():
+        args += ["--raw-exit", f"{nr}:{name}"]
     return args

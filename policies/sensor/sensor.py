@@ -15,6 +15,16 @@ bpftrace, and logs why.
 
 or ``await sensor.run(engine.on_event)``. Kernel-side filtering is described
 in ``policies.sensor.program``.
+
+The watermark: ``await sensor.tick(timeout_s)`` is "ok" once every record the
+kernel wrote before the call has been parsed and its events delivered to the
+callbacks (the loader answers a ``tick N`` line on its stdin after its next
+full drain of the ring buffer, in order with the records; concurrent callers
+share one tick), "behind" when that takes longer than ``timeout_s``, "down"
+when the tracer is not running (or dies before answering), "unsupported" on
+the bpftrace backend. ``stats.gaps`` counts what may have gone unseen: each
+tracer exit (a restart) and each report of records the kernel had no room
+for; compare it before and after a step.
 """
 
 from __future__ import annotations
@@ -71,6 +81,9 @@ class SensorStats:
     bad_lines: int = 0
     restarts: int = 0
     callback_errors: int = 0
+    gaps: int = 0  # tracer exits and loss reports: events may be missing around them
+    ticks: int = 0  # watermark ticks answered "ok"
+    ticks_behind: int = 0  # tick() calls that timed out
 
 
 def ensure_tracefs(path: Path = TRACEFS) -> None:
@@ -153,6 +166,12 @@ class Sensor:
         self._attached_once = False  # the libbpf loader attached at least once
         self._last_error = ""
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-sensor-")
+        # The watermark: tick numbers asked of the loader, and who waits for which.
+        self._tick_seq = 0
+        self._tick_unsent: int | None = None  # allocated, written on the next loop turn
+        self._tick_waiters: dict[int, asyncio.Future[str]] = {}
+        self._lost_seen = 0
+        self._dropped_seen = 0
 
     # ------------------------------------------------------------ public
 
@@ -183,6 +202,59 @@ class Sensor:
                 await self._task
             self._task = None
         self._ready.clear()
+
+    async def tick(self, timeout_s: float) -> str:
+        """The watermark: "ok" once every record the kernel wrote before this
+        call has been parsed and its events delivered to the callbacks;
+        "behind" if that did not happen in ``timeout_s``; "down" if the tracer
+        is not running (or exits first); "unsupported" on the bpftrace backend."""
+        if self.active_backend != "libbpf":
+            return "unsupported"
+        proc = self._proc
+        if proc is None or proc.returncode is not None or proc.stdin is None:
+            return "down"
+        if not self._ready.is_set():
+            return "down"
+        n = self._tick_unsent
+        if n is None:
+            # Callers in the same loop turn share it: it is written after them all.
+            self._tick_seq += 1
+            n = self._tick_unsent = self._tick_seq
+            self._tick_waiters[n] = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._send_tick, proc)
+        fut = self._tick_waiters[n]
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            self.stats.ticks_behind += 1
+            return "behind"
+
+    def _send_tick(self, proc: asyncio.subprocess.Process) -> None:
+        n, self._tick_unsent = self._tick_unsent, None
+        if n is None:
+            return
+        if proc is not self._proc or proc.returncode is not None or proc.stdin is None:
+            self._end_ticks("down")
+            return
+        try:
+            proc.stdin.write(f"tick {n}\n".encode())
+        except (OSError, RuntimeError):  # the loader is gone: its reader ends the ticks
+            self._end_ticks("down")
+
+    def _answer_ticks(self, upto: int) -> None:
+        for n in [n for n in self._tick_waiters if n <= upto]:
+            fut = self._tick_waiters.pop(n)
+            if not fut.done():
+                fut.set_result("ok")
+            self.stats.ticks += 1
+
+    def _end_ticks(self, result: str) -> None:
+        """The tracer is gone: nobody will answer the ticks asked of it."""
+        waiters, self._tick_waiters = self._tick_waiters, {}
+        self._tick_unsent = None
+        for fut in waiters.values():
+            if not fut.done():
+                fut.set_result(result)
 
     def forget(self, full_id: str) -> None:
         """A sandbox went away: drop what was cached for it (its cgroup id may be reused)."""
@@ -227,6 +299,7 @@ class Sensor:
         log.warning("sensor: backend bpftrace (libbpf did not load: %s)", why)
         self.active_backend = "bpftrace"
         self.parser = self._new_parser()
+        self._lost_seen = 0
 
     # ------------------------------------------------------------ supervision
 
@@ -254,6 +327,8 @@ class Sensor:
                 else:
                     rc = await self._run_once(self._generate())
                 log.warning("sensor: %s exited with %s", name, rc)
+                if not self._stopping:
+                    self._gap(f"{name} exited with {rc}")
             except (OSError, subprocess.CalledProcessError) as exc:
                 log.error("sensor: cannot start %s: %s", name, exc)
                 if name == "libbpf" and self.backend == "auto" and not self._attached_once:
@@ -281,7 +356,7 @@ class Sensor:
         ensure_tracefs()
         self._parent_id = cg.ensure_parent(self.controller)
         cfg = pg.FilterConfig(self._parent_id, cg.subsys_index(self.controller))
-        syscalls, unavailable = pg.select_syscalls(self.event_types)
+        syscalls, unavailable = pg.select_syscalls(self.event_types, lb.available)
         self.program = pg.Program("", tuple(syscalls), tuple(unavailable))
         if unavailable:
             log.warning("sensor: no tracepoint for %s", ", ".join(unavailable))
@@ -331,10 +406,17 @@ class Sensor:
                         self._deliver(evt)
                 out.clear()
                 self._sync_stats()
+                if self._tick_waiters:
+                    self._answer_ticks(parser.tick)  # after the events before them
         finally:
+            self._end_ticks("down")
             if self._canary is not None:
                 self._canary.cancel()
                 self._canary = None
+
+    def _gap(self, why: str) -> None:
+        self.stats.gaps += 1
+        log.warning("sensor: gap %d: %s", self.stats.gaps, why)
 
     def _check_binary_ready(self, parser: BinaryParser) -> None:
         if parser.attached and self._canary is None:
@@ -435,6 +517,12 @@ class Sensor:
 
     def _sync_stats(self) -> None:
         ps = self.parser.stats
+        if ps.lost != self._lost_seen:
+            self._gap(f"{ps.lost - self._lost_seen} records lost in the kernel")
+            self._lost_seen = ps.lost
+        if self.stats.dropped != self._dropped_seen:
+            self._gap(f"{self.stats.dropped - self._dropped_seen} events dropped (queue full)")
+            self._dropped_seen = self.stats.dropped
         self.stats.lost, self.stats.records, self.stats.bad_lines = (
             ps.lost,
             ps.records,

@@ -5,6 +5,16 @@
  *
  *   corral-sensor-bpf --parent-id ID --subsys IDX [--no-exe-details]
  *                     --trace NAME=FLAGS:KIND.POS.LENPOS.SIZE/... ...
+ *                     [--raw-exit NR:NAME ...]
+ *
+ * --raw-exit: syscall number NR (of this ABI) is written by the raw sys_exit
+ * program instead of NAME's enter/exit pair, which is then not attached (one
+ * record per call): it also sees calls seccomp denies. NAME needs a --trace
+ * (its argument layout).
+ *
+ * stdin takes lines `tick N`: after the next full drain of the ring buffer
+ * the loader writes a REC_TICK record carrying N, so every record the kernel
+ * wrote before the line reached the loader precedes it on stdout.
  *
  * Exits 0 on SIGTERM/SIGINT or when stdin reaches EOF (its parent is gone);
  * on failure prints one line saying why and exits 1. */
@@ -27,6 +37,7 @@
 #define OUT_CAP (1 << 20)
 #define TICK_MS 10
 #define MAX_TRACE 64
+#define MAX_RAW 16
 
 static volatile sig_atomic_t stopping;
 static unsigned char out[OUT_CAP];
@@ -200,6 +211,53 @@ static unsigned parse_trace(const char *arg, struct sc_desc *d)
 	return code;
 }
 
+/* NR:NAME -> NR, and NAME's code */
+static unsigned parse_raw(const char *arg, unsigned *code)
+{
+	const char *colon = strchr(arg, ':');
+	char nr[16];
+	if (!colon || colon == arg || (size_t)(colon - arg) >= sizeof(nr))
+		die("bad --raw-exit %s", arg);
+	memcpy(nr, arg, (size_t)(colon - arg));
+	nr[colon - arg] = 0;
+	unsigned n = parse_uint(nr, "--raw-exit number");
+	if (n >= RAW_NR_MAX)
+		die("bad --raw-exit %s: number above %d", arg, RAW_NR_MAX - 1);
+	*code = 0;
+	for (unsigned i = 1; i < N_NAMES; i++)
+		if (!strcmp(names[i], colon + 1))
+			*code = i;
+	if (!*code)
+		die("unknown syscall %s", colon + 1);
+	return n;
+}
+
+/* `tick N` lines from stdin, possibly split across reads; the last N seen
+ * goes to *tick (ticks only grow). 0 when stdin is closed or broken. */
+static int read_ticks(__u64 *tick, int *have_tick)
+{
+	static char line[64];
+	static size_t len;
+	char buf[256];
+	ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+	if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+		return 0;
+	for (ssize_t i = 0; i < n; i++) {
+		if (buf[i] != '\n') {
+			if (len < sizeof(line) - 1)
+				line[len++] = buf[i];
+			continue;
+		}
+		line[len] = 0;
+		if (!strncmp(line, "tick ", 5)) {
+			*tick = strtoull(line + 5, NULL, 10);
+			*have_tick = 1;
+		}
+		len = 0;
+	}
+	return 1;
+}
+
 static void attach(struct bpf_program *prog, struct bpf_link **links, int *nlinks)
 {
 	struct bpf_link *link = bpf_program__attach(prog);
@@ -212,6 +270,7 @@ int main(int argc, char **argv)
 {
 	unsigned long long parent_id = 0;
 	unsigned subsys = 0, ntrace = 0, codes[MAX_TRACE];
+	unsigned nraw = 0, raw_nr[MAX_RAW], raw_code[MAX_RAW];
 	int exe_details = 1, have_parent = 0;
 	struct sc_desc descs[MAX_TRACE];
 
@@ -226,13 +285,27 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--trace") && i + 1 < argc && ntrace < MAX_TRACE) {
 			codes[ntrace] = parse_trace(argv[++i], &descs[ntrace]);
 			ntrace++;
+		} else if (!strcmp(argv[i], "--raw-exit") && i + 1 < argc && nraw < MAX_RAW) {
+			raw_nr[nraw] = parse_raw(argv[++i], &raw_code[nraw]);
+			nraw++;
 		} else {
 			die("usage: corral-sensor-bpf --parent-id ID --subsys IDX "
-			    "[--no-exe-details] --trace NAME=SPEC...");
+			    "[--no-exe-details] --trace NAME=SPEC... [--raw-exit NR:NAME...]");
 		}
 	}
 	if (!have_parent)
 		die("--parent-id is required");
+	for (unsigned r = 0; r < nraw; r++) {
+		int traced = 0;
+		for (unsigned t = 0; t < ntrace; t++)
+			traced |= codes[t] == raw_code[r];
+		if (!traced)
+			die("--raw-exit %u:%s has no --trace", raw_nr[r], names[raw_code[r]]);
+	}
+#if !defined(__x86_64__)
+	if (nraw)
+		die("--raw-exit is x86_64 only");
+#endif
 	if (geteuid() != 0)
 		die("not root (loading BPF programs needs CAP_BPF and CAP_PERFMON)");
 	if (access("/sys/kernel/btf/vmlinux", R_OK) != 0)
@@ -255,11 +328,15 @@ int main(int argc, char **argv)
 	bpf_object__for_each_program(prog, skel->obj)
 	{
 		const char *n = bpf_program__name(prog);
-		int keep = !strcmp(n, "on_fork") || !strcmp(n, "on_task_exit");
+		int keep = !strcmp(n, "on_fork") || !strcmp(n, "on_task_exit") ||
+			   (nraw && !strcmp(n, "on_raw_exit"));
 		for (unsigned t = 0; t < ntrace && !keep; t++) {
 			const char *sc = names[codes[t]];
-			keep = (!strncmp(n, "enter_", 6) && !strcmp(n + 6, sc)) ||
-			       (!strncmp(n, "exit_", 5) && !strcmp(n + 5, sc));
+			int raw = 0;
+			for (unsigned r = 0; r < nraw; r++)
+				raw |= raw_code[r] == codes[t];
+			keep = !raw && ((!strncmp(n, "enter_", 6) && !strcmp(n + 6, sc)) ||
+					(!strncmp(n, "exit_", 5) && !strcmp(n + 5, sc)));
 		}
 		bpf_program__set_autoload(prog, keep);
 	}
@@ -272,8 +349,14 @@ int main(int argc, char **argv)
 					 sizeof(descs[t]), BPF_ANY))
 			die("cannot fill the descriptor map: %s", strerror(errno));
 	}
+	for (unsigned r = 0; r < nraw; r++) {
+		__u32 key = raw_nr[r], code = raw_code[r];
+		if (bpf_map__update_elem(skel->maps.raw_nrs, &key, sizeof(key), &code, sizeof(code),
+					 BPF_ANY))
+			die("cannot fill the raw exit map: %s", strerror(errno));
+	}
 
-	struct bpf_link *links[2 * MAX_TRACE + 2];
+	struct bpf_link *links[2 * MAX_TRACE + 3];
 	int nlinks = 0;
 	attach(skel->progs.on_fork, links, &nlinks);
 	attach(skel->progs.on_task_exit, links, &nlinks);
@@ -295,19 +378,18 @@ int main(int argc, char **argv)
 	flush_out();
 
 	int lost_fd = bpf_map__fd(skel->maps.lost);
-	__u64 lost_seen = 0;
-	unsigned ticks = 0;
+	__u64 lost_seen = 0, tick = 0;
+	unsigned rounds = 0;
 	while (!stopping) {
 		struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+		int have_tick = 0;
 		int r = poll(&pfd, 1, TICK_MS);
-		if (r > 0) {
-			char buf[256];
-			ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
-			if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
-				break; /* the parent closed our stdin: it is gone */
-		}
+		if (r > 0 && !read_ticks(&tick, &have_tick))
+			break; /* the parent closed our stdin: it is gone */
 		ring_buffer__consume(rb);
-		if (++ticks % 100 == 0) {
+		/* Losses are counted before a tick's answer: a reader that compares
+		 * its lost count around a tick sees those of the records before it. */
+		if (++rounds % 100 == 0 || have_tick) {
 			__u64 total = lost_total(lost_fd);
 			if (total != lost_seen) {
 				struct rec_lost l;
@@ -316,6 +398,12 @@ int main(int argc, char **argv)
 				lost_seen = total;
 				put(&l, sizeof(l));
 			}
+		}
+		if (have_tick) {
+			struct rec_tick t;
+			loader_record(&t.h, REC_TICK, sizeof(t));
+			t.n = tick;
+			put(&t, sizeof(t));
 		}
 		flush_out();
 	}

@@ -21,6 +21,9 @@
 #define REC_EXIT 6
 #define REC_ATTACHED 9 /* from the loader: every program is attached */
 #define REC_LOST 10    /* from the loader: records the ring buffer had no room for */
+#define REC_TICK 11    /* from the loader: every record before `tick N` was written */
+
+#define RAW_NR_MAX 512 /* syscall numbers the raw sys_exit program can watch */
 
 /* Argument kinds (program.py: INT, STR, SOCKADDR, PEER, HOW). */
 #define K_INT 0
@@ -97,6 +100,14 @@ struct rec_exit {
 struct rec_lost {
 	struct rec_hdr h;
 	__u64 lost; /* since the previous REC_LOST */
+};
+
+/* The answer to a `tick N` line on the loader's stdin: written after the ring
+ * buffer was drained, so every record the kernel wrote before the line came
+ * precedes it in the stream. */
+struct rec_tick {
+	struct rec_hdr h;
+	__u64 n;
 };
 
 /* Per-syscall argument layout, filled by the loader from its command line. */

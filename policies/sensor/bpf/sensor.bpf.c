@@ -277,24 +277,14 @@ static __always_inline void exec_exit(long ret, __u16 sc, __u64 cgid)
 	emit(buf, off);
 }
 
-static __always_inline int on_exit(struct trace_event_raw_sys_exit *ctx, __u32 code)
+/* One REC_SYSCALL record from the saved arguments, by the syscall's descriptor. */
+static __always_inline void syscall_record(const struct corral_saved *s, const struct sc_desc *d,
+					   __u32 code, long ret)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct corral_saved *s = bpf_map_lookup_elem(&inflight, &tid);
-	if (!s)
-		return 0;
 	__u64 cgid = s->cgid;
-	const struct sc_desc *d = bpf_map_lookup_elem(&descs, &code);
-	long ret = ctx->ret;
-	if (!d)
-		goto out;
-	if (d->flags & DESC_EXEC) {
-		exec_exit(ret, code, cgid);
-		goto out;
-	}
 	__u8 *buf = scratch_buf();
 	if (!buf)
-		goto out;
+		return;
 	struct rec_syscall *r = (void *)buf;
 	fill_hdr(&r->h, REC_SYSCALL, code, cgid);
 	r->res = ret;
@@ -370,10 +360,76 @@ static __always_inline int on_exit(struct trace_event_raw_sys_exit *ctx, __u32 c
 			r->v[k] = 0;
 	r->h.flags = cut;
 	emit(buf, off);
+}
+
+static __always_inline int on_exit(struct trace_event_raw_sys_exit *ctx, __u32 code)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct corral_saved *s = bpf_map_lookup_elem(&inflight, &tid);
+	if (!s)
+		return 0;
+	const struct sc_desc *d = bpf_map_lookup_elem(&descs, &code);
+	long ret = ctx->ret;
+	if (!d)
+		goto out;
+	if (d->flags & DESC_EXEC)
+		exec_exit(ret, code, s->cgid);
+	else
+		syscall_record(s, d, code, ret);
 out:
 	bpf_map_delete_elem(&inflight, &tid);
 	return 0;
 }
+
+/* ------------------------------------------------------------ calls seccomp denies */
+
+/* Seccomp runs before sys_enter: a call the sandbox's profile denies (mount,
+ * ptrace, setns, unshare, bpf, the module calls) never reaches the per-syscall
+ * enter tracepoint, so nothing is saved for its exit. The raw sys_exit
+ * tracepoint still fires for it; for the syscall numbers in raw_nrs (given by
+ * the loader, whose per-syscall programs it then leaves out: one record per
+ * call) this writes the record the exit program would, with the arguments
+ * read from the caller's registers (still the call's: seccomp changed only
+ * the return value) and the return value -EPERM. x86_64 only (the register
+ * names and numbers are that ABI's). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RAW_NR_MAX);
+	__type(key, __u32);
+	__type(value, __u32); /* program.CODES of the syscall, 0: not watched */
+} raw_nrs SEC(".maps");
+
+#if defined(__TARGET_ARCH_x86)
+SEC("raw_tracepoint/sys_exit")
+int on_raw_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	long ret = (long)ctx->args[1];
+	long nr = BPF_CORE_READ(regs, orig_ax);
+	if (nr < 0 || nr >= RAW_NR_MAX)
+		return 0;
+	__u32 key = (__u32)nr;
+	__u32 *code = bpf_map_lookup_elem(&raw_nrs, &key);
+	if (!code || !*code)
+		return 0;
+	__u64 cgid = sandbox_cgid((struct task_struct *)bpf_get_current_task());
+	if (!cgid)
+		return 0;
+	__u32 c = *code;
+	const struct sc_desc *d = bpf_map_lookup_elem(&descs, &c);
+	if (!d || (d->flags & DESC_EXEC))
+		return 0;
+	struct corral_saved s = {.cgid = cgid};
+	s.args[0] = BPF_CORE_READ(regs, di);
+	s.args[1] = BPF_CORE_READ(regs, si);
+	s.args[2] = BPF_CORE_READ(regs, dx);
+	s.args[3] = BPF_CORE_READ(regs, r10);
+	s.args[4] = BPF_CORE_READ(regs, r8);
+	s.args[5] = BPF_CORE_READ(regs, r9);
+	syscall_record(&s, d, c, ret);
+	return 0;
+}
+#endif
 
 /* ------------------------------------------------------------ sched */
 

@@ -158,6 +158,11 @@ class StepResult(BaseModel):
     # Why the step has no real exit code (sandbox, containerd or node lost
     # mid-step); exit_code is then INTERRUPTED_EXIT_CODE and means nothing.
     interrupted: str = ""
+    # The watermark (activities/sensorwatch.py): "ok" when the node's sensor
+    # judged every event of the step and its alerts reached the episode before
+    # this result; else why not (behind, down, gap, unsupported; off: no sensor).
+    sensor: str = ""
+    settle_ms: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -194,6 +199,9 @@ class EpisodeResult(BaseModel):
     ended_at: datetime | None = None
     provision_s: float = 0.0
     teardown_s: float = 0.0
+    # "ok" when the sensor judged every step and the teardown's last events in
+    # time; else the first other verdict (StepResult.sensor): not a clean run.
+    sensor: str = ""
 
     @property
     def duration_s(self) -> float:
@@ -324,6 +332,7 @@ class TeardownResult(BaseModel):
     sandbox_id: str
     removed: bool
     teardown_s: float
+    sensor: str = ""  # the last watermark before the sandbox went (see StepResult.sensor)
 
 
 class NodeCapacity(BaseModel):

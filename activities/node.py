@@ -55,6 +55,7 @@ from activities.models import (
     WriteFileInput,
 )
 from activities.pool import WarmPool
+from activities.sensorwatch import SensorDown, SensorWatch, Verdict
 from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
 from observability.tracing import span
@@ -128,8 +129,13 @@ class NodeActivities:
         registry: RegistryOptions | None = None,
         fetch_image: Callable[[str], Awaitable[bool]] | None = None,
         foreground: Foreground | None = None,
+        sensor: SensorWatch | None = None,
     ) -> None:
         self.node = node
+        # The node's sensor: watching before a command starts, its events
+        # judged before the result returns (activities/sensorwatch.py).
+        self._sensor = sensor
+        self._verdicts: dict[str, Verdict] = {}  # a lean run's last step's, by sandbox
         # Steps hold it; background teardowns wait for it (activities/foreground.py).
         self._foreground = foreground or Foreground()
         # Brings a snapshot made on a sibling node here (activities/snapshots.py).
@@ -248,6 +254,11 @@ class NodeActivities:
             self._close_run(input.run_id)
             await self._stop_lean_run(input.run_id)
         input.sandbox_id = await self._resolve(input.sandbox_id, input.workflow_id)
+        # Alerts still on their way decide the outcome: the episode reads them
+        # after this returns (a background job may have acted after the last step).
+        verdict = (
+            await self.settle(input.sandbox_id) if input.workflow_id else Verdict(status="off")
+        )
         with span(
             "corral.teardown", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
         ):
@@ -267,7 +278,9 @@ class NodeActivities:
         if input.record is not None:
             input.record.result.teardown_s = seconds
             self._record(input.record)
-        return TeardownResult(sandbox_id=input.sandbox_id, removed=removed, teardown_s=seconds)
+        return TeardownResult(
+            sandbox_id=input.sandbox_id, removed=removed, teardown_s=seconds, sensor=verdict.status
+        )
 
     async def _drop_image(self, image: str) -> None:
         with contextlib.suppress(ImageNotFound):  # a retried teardown removed it already
@@ -280,7 +293,12 @@ class NodeActivities:
         sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
         await _mapped(sandbox.cut_network())  # False when it has no network to cut
         if await sandbox.status() != "paused":
-            await _mapped(sandbox.pause())
+            try:
+                await sandbox.pause()
+            except CorralError as err:
+                # The node's sensor may have frozen it in place meanwhile.
+                if await sandbox.status() != "paused":
+                    raise _to_app_error(err) from err
         if self._metrics:
             self._metrics.sandbox_moved(self.node, sandbox_id, "paused")
 
@@ -301,16 +319,34 @@ class NodeActivities:
         done, started_marker = journal / f"{input.index}.json", journal / f"{input.index}.started"
         if done.exists():
             return StepResult.model_validate_json(done.read_text())
-        result = None
+        result, gaps = None, None
         if started_marker.exists():
             result = await self._reattach(input, started_marker)  # None: it never started
-        else:
+        if result is None:
+            gaps = await self._sensor_required()
             journal.mkdir(parents=True, exist_ok=True)
             started_marker.write_text(datetime.now(UTC).isoformat())
-        if result is None:
             result = await self._run_step(input)
+        verdict = await self.settle(input.sandbox_id, gaps)
+        self._verdicts[input.sandbox_id] = verdict
+        result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
         _atomic_write(done, result.model_dump_json())
         return result
+
+    def _last_verdict(self, sandbox_id: str) -> Verdict:
+        return self._verdicts.pop(sandbox_id, None) or Verdict(status="off")
+
+    async def _sensor_required(self) -> int | None:
+        """The sensor's gap count, or SensorDown (retried) when it is not watching."""
+        if self._sensor is None:
+            return None
+        return await _heartbeating(_mapped(self._sensor.require()))
+
+    async def settle(self, sandbox_id: str, gaps: int | None = None) -> Verdict:
+        """Until the sensor has judged the sandbox's events so far (bounded)."""
+        if self._sensor is None:
+            return Verdict(status="off")
+        return await _heartbeating(self._sensor.settle(sandbox_id, gaps))
 
     @activity.defn(name="corral.run_scripted")
     async def run_scripted(self, input: RunScriptedInput) -> RunScriptedResult:
@@ -382,6 +418,12 @@ class NodeActivities:
         reward = None
         if input.reward is not None and all(step.ok for step in steps[-1:]):
             reward = await self._lean_step(input, sandbox_id, input.reward, index, "reward")
+        if self._last_verdict(sandbox_id).stops_episode:
+            # An alert will kill or quarantine the episode: its sandbox stays
+            # (frozen) for the episode's own freeze and teardown.
+            return RunScriptedResult(
+                provision=provision, steps=steps, reward=reward, torn_down=False
+            )
         self._destroy_soon(sandbox_id)
         return RunScriptedResult(provision=provision, steps=steps, reward=reward)
 
@@ -743,10 +785,10 @@ async def _mapped(work: Awaitable[T]) -> T:
 def _to_app_error(err: CorralError) -> ApplicationError:
     # containerd down or restarting, or a start that failed and was rolled back
     # (runc under memory pressure, a shim that did not come up): a retry can help.
-    retryable = isinstance(err, SandboxError) and type(err).__name__ in (
-        "ContainerdUnavailable",
-        "ContainerdError",
-        "SandboxStartFailed",
+    # A node whose sensor is down: the command waits for it (retries), never runs unwatched.
+    retryable = isinstance(err, SensorDown) or (
+        isinstance(err, SandboxError)
+        and type(err).__name__ in ("ContainerdUnavailable", "ContainerdError", "SandboxStartFailed")
     )
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
 

@@ -113,9 +113,16 @@ def cli(ctx: click.Context, config_path: Path | None) -> None:
 @click.option(
     "--isolated", is_flag=True, help="Each node in its own network namespace (a fleet on one host)."
 )
+@click.option(
+    "--allow-unwatched",
+    is_flag=True,
+    help="Let agent commands run on a node whose sensor is down (by default they wait).",
+)
 @pass_ctx
 @run_async
-async def up(ctx: Context, nodes: int | None, role: str, isolated: bool) -> None:
+async def up(
+    ctx: Context, nodes: int | None, role: str, isolated: bool, allow_unwatched: bool
+) -> None:
     """Start the dev stack in the background (harmless when it is up)."""
     from workers.stack import Stack
 
@@ -124,6 +131,9 @@ async def up(ctx: Context, nodes: int | None, role: str, isolated: bool) -> None
     if isolated:
         update["isolated"] = True
     config = config.model_copy(update={"nodes": config.nodes.model_copy(update=update)})
+    if allow_unwatched:
+        sensor = config.sensor.model_copy(update={"required": False})
+        config = config.model_copy(update={"sensor": sensor})
     status = await Stack(config).up(
         progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"),
         role="control" if role == "control" else "all",

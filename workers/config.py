@@ -139,6 +139,10 @@ class SensorConfig(_Strict):
     # auto: the compiled libbpf sensor when scripts/setup.sh built it and it loads,
     # else bpftrace (policies/sensor/sensor.py logs which and why)
     backend: Literal["auto", "bpftrace", "libbpf"] = "auto"
+    # A node whose sensor is down starts no agent command (`corral up --allow-unwatched`).
+    required: bool = True
+    # How long a step waits for the sensor to judge its events (the watermark).
+    settle_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class ObservabilityConfig(_Strict):
@@ -197,6 +201,18 @@ class StackConfig(_Strict):
 
     def node_dir(self, node: str) -> Path:
         return self.state / "nodes" / node
+
+    # --- the node's sensor: its socket and the records on-call reads --------
+    def sensor_socket(self, node: str) -> Path:
+        return self.state / "run" / f"sensor-{node}.sock"
+
+    def sensor_enforced_record(self, node: str) -> Path:
+        """Alerts the node enforced itself (the intake could not take them)."""
+        return self.state / "run" / f"enforced-{node}.jsonl"
+
+    def sensor_frozen_record(self, node: str) -> Path:
+        """Sandboxes the node's sensor froze in place the moment a rule matched."""
+        return self.state / "run" / f"frozen-{node}.jsonl"
 
     def containerd_socket(self, node: str) -> Path:
         return self.node_dir(node) / "containerd" / "containerd.sock"
@@ -286,6 +302,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_INTAKE_TLS_KEY": ("intake", "tls_key"),
     "CORRAL_INTAKE_TLS_CA": ("intake", "tls_ca"),
     "CORRAL_SENSOR_BACKEND": ("sensor", "backend"),
+    "CORRAL_SENSOR_REQUIRED": ("sensor", "required"),
     "CORRAL_TRACES": ("observability", "traces"),
     "CORRAL_OTLP_ENDPOINT": ("observability", "otlp_endpoint"),
     "CORRAL_REGISTRY": ("registry", "default"),

@@ -43,7 +43,7 @@ log = logging.getLogger("corral.intake")
 # How long a starting intake waits for its port to be released (an intake just stopped).
 BIND_WAIT_S = 15.0
 
-DeliveryStatus = Literal["delivered", "ignored", "unknown_sandbox"]
+DeliveryStatus = Literal["delivered", "ignored", "unknown_sandbox", "closed"]
 
 
 class IntakeConfigError(CorralError):
@@ -204,6 +204,10 @@ def _respond(
     if result.status == "unknown_sandbox":
         seen.discard(key)  # the sandbox may register later; do not say "duplicate"
         return _error(404, f"unknown sandbox {alert.container_id}")
+    if result.status == "closed":
+        # Final: the sender enforces on the node (workers/sensor_delivery.py).
+        seen.discard(key)
+        return _error(410, f"episode {result.workflow_id} has closed")
     log.info(
         "alert %s rule=%r container=%s action=%s status=%s workflow=%s",
         key, alert.rule, alert.container_id, decision.action, result.status, result.workflow_id,
@@ -329,13 +333,23 @@ class TemporalDelivery:
         try:
             await handle.signal(ANOMALY_SIGNAL, anomaly_payload(alert, decision))
         except RPCError as exc:
-            # Not found, or already closed: the episode is gone, so is its sandbox.
+            # Not found, or already closed: 410 when it did exist (the sensor then
+            # enforces on the node), 404 when no such episode ever ran.
             if exc.status == RPCStatusCode.NOT_FOUND:
-                return DeliveryResult(
-                    status="unknown_sandbox", workflow_id=workflow_id, detail=exc.message
+                status: DeliveryStatus = (
+                    "closed" if await self._existed(handle) else "unknown_sandbox"
                 )
+                return DeliveryResult(status=status, workflow_id=workflow_id, detail=exc.message)
             raise
         return DeliveryResult(status="delivered", workflow_id=workflow_id)
+
+    @staticmethod
+    async def _existed(handle: WorkflowHandle[Any, Any]) -> bool:
+        try:
+            await handle.describe()
+        except RPCError:
+            return False
+        return True
 
 
 def anomaly_payload(alert: Alert, decision: Decision) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from activities.foreground import Foreground
 from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
+from activities.sensorwatch import SensorWatch
 from activities.snapshots import SnapshotActivities
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
@@ -85,6 +86,12 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         registry=config.registry.options(),
         fetch_image=snapshots.ensure_image,
         capacity=node_capacity(config.nodes.budget),
+        sensor=SensorWatch(
+            config.sensor_socket(node),
+            enabled=config.sensor.enabled,
+            required=config.sensor.required,
+            settle_timeout_s=config.sensor.settle_timeout_s,
+        ),
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]

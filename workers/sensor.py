@@ -9,20 +9,21 @@ as production Falco's ``http_output`` would post it.
 Pipeline (all on one event loop, nothing in it waits on HTTP):
 
     tracer -> Sensor callback -> node filter -> RuleEngine.evaluate
-             -> rate limit (rule, container) -> bounded queue -> HTTP posters
+             -> rate limit (rule, container) -> owner, read fresh from containerd
+             -> freeze in place (kill/quarantine) -> poster (workers/sensor_delivery.py)
 
 Node filter: every containerd daemon on a machine puts its sandboxes under
 the same ``/corral`` cgroup parent, so on a machine running several local
 nodes each sensor sees every node's sandboxes. A sensor only reports the
-sandboxes its own node's containerd knows (labels come from there too); an
-event from a container it has not seen yet is held while the node's
-container list is refreshed, then evaluated or dropped.
+sandboxes its own node's containerd knows; an event from a container it has
+not seen yet is held while that id is looked up in the node's containerd,
+then evaluated, or dropped as another node's.
 
-Delivery: a bounded queue (oldest dropped when full, counted) and a few
-posters with bounded retries on connection errors and 5xx; 4xx answers are
-final (401 wrong token, 400 malformed, 404 the intake does not know the
-sandbox). Alert latency, from the syscall's kernel timestamp to the intake's
-answer, is recorded and logged with the counters every ``STATS_EVERY_S``.
+Delivery never drops an alert: it is delivered, enforced on the node, or
+suppressed by its rule's rate limit (workers/sensor_delivery.py). The
+watermark the node worker waits on after each step is served on a unix
+socket (workers/sensor_service.py). Counters are logged every
+``STATS_EVERY_S`` and served on Prometheus.
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ import socket
 import ssl
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 from observability.metrics import Metrics, setup_metrics
 from policies.alert import KEPT_FIELDS, Alert
@@ -53,6 +51,7 @@ from policies.falco.fields import default_registry
 from sandbox.errors import CorralError
 from workers.config import StackConfig, load_config
 from workers.directory import WORKFLOW_ID_FIELD
+from workers.sensor_delivery import AlertPoster, LocalEnforcer, RateLimiter
 
 log = logging.getLogger("corral.sensor.node")
 
@@ -83,217 +82,117 @@ def alert_body(match: Match, evt: Event, hostname: str) -> dict[str, Any]:
     return body
 
 
-class RateLimiter:
-    """At most one alert per (rule, container) per ``window_s``; counts the rest."""
-
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.window_s = window_s
-        self._clock = clock
-        self._last: dict[tuple[str, str], float] = {}
-        self.suppressed = 0
-
-    def allow(self, rule: str, container: str) -> bool:
-        now = self._clock()
-        key = (rule, container)
-        last = self._last.get(key)
-        if last is not None and now - last < self.window_s:
-            self.suppressed += 1
-            return False
-        self._last[key] = now
-        if len(self._last) > 10_000:  # forget stale keys
-            cutoff = now - self.window_s
-            self._last = {k: v for k, v in self._last.items() if v >= cutoff}
-        return True
-
-
-@dataclass
-class PosterStats:
-    queued: int = 0
-    posted: int = 0  # the intake answered 2xx
-    rejected: int = 0  # 4xx: final
-    failed: int = 0  # retries exhausted
-    retries: int = 0
-    dropped: int = 0  # queue full
-    latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
-    last_status: dict[str, Any] = field(default_factory=dict)
-
-    def percentiles(self) -> dict[str, float]:
-        data = sorted(self.latencies_ms)
-        if not data:
-            return {}
-
-        def pct(p: float) -> float:
-            return data[min(len(data) - 1, int(p * len(data)))]
-
-        return {"p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": data[-1], "n": len(data)}
-
-
-class AlertPoster:
-    """Bounded queue + posters: POST alert bodies to the intake, never blocking the caller."""
-
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        *,
-        queue_size: int = 1000,
-        workers: int = 4,
-        attempts: int = 5,
-        backoff_s: tuple[float, float] = (0.1, 2.0),
-        timeout_s: float = 10.0,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        self.url = url
-        self._ssl = ssl_context  # https: verify the intake against the configured CA
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self._queue: deque[tuple[dict[str, Any], int]] = deque()
-        self._queue_size = queue_size
-        self._wake = asyncio.Event()
-        self._n_workers = workers
-        self._attempts = attempts
-        self._backoff = backoff_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
-        self._inflight = 0
-        self.stats = PosterStats()
-
-    def submit(self, body: dict[str, Any], event_ts_ns: int) -> None:
-        """Queue one alert (``event_ts_ns``: CLOCK_MONOTONIC of the syscall)."""
-        if len(self._queue) >= self._queue_size:
-            self._queue.popleft()
-            self.stats.dropped += 1
-        self._queue.append((body, event_ts_ns))
-        self.stats.queued += 1
-        self._wake.set()
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
-        self._tasks = [
-            asyncio.create_task(self._worker(), name=f"alert-poster-{i}")
-            for i in range(self._n_workers)
-        ]
-
-    async def drain(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) until queued alerts are sent."""
-        deadline = time.monotonic() + timeout_s
-        while (self._queue or self._inflight) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _worker(self) -> None:
-        while True:
-            while not self._queue:
-                self._wake.clear()
-                await self._wake.wait()
-            body, ts = self._queue.popleft()
-            self._inflight += 1
-            try:
-                await self._post(body, ts)
-            finally:
-                self._inflight -= 1
-
-    async def _post(self, body: dict[str, Any], event_ts_ns: int) -> None:
-        assert self._session is not None
-        data = json.dumps(body).encode()
-        delay = self._backoff[0]
-        rule, cid = body.get("rule"), body["output_fields"].get("container.id")
-        for attempt in range(1, self._attempts + 1):
-            try:
-                async with self._session.post(
-                    self.url, data=data, headers=self._headers, ssl=self._ssl or True
-                ) as resp:
-                    status = resp.status
-                    text = await resp.text()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                status, text = 0, f"{type(exc).__name__}: {exc}"
-            if 200 <= status < 300:
-                self.stats.posted += 1
-                latency = (time.monotonic_ns() - event_ts_ns) / 1e6 if event_ts_ns else None
-                if latency is not None:
-                    self.stats.latencies_ms.append(latency)
-                with contextlib.suppress(ValueError):
-                    self.stats.last_status = json.loads(text)
-                log.info("alert rule=%r container=%s -> %s latency_ms=%s answer=%s output=%s",
-                         rule, cid, status, f"{latency:.1f}" if latency is not None else "?",
-                         text[:200], str(body.get("output", ""))[:500])  # fmt: skip
-                return
-            if 400 <= status < 500:
-                self.stats.rejected += 1
-                log.warning("alert rule=%r container=%s rejected by intake: %s %s",
-                            rule, cid, status, text[:200])  # fmt: skip
-                return
-            if attempt < self._attempts:
-                self.stats.retries += 1
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff[1])
-        self.stats.failed += 1
-        log.error("alert rule=%r container=%s not delivered after %d attempts: %s %s",
-                  rule, cid, self._attempts, status, text[:200])  # fmt: skip
-
-
 # ------------------------------------------------------------------ the node
 
 
 class NodeContainers:
     """The node's sandboxes from its containerd: a sync ``ContainerResolver``
-    over a cache that ``refresh`` fills asynchronously."""
+    over a cache that ``refresh`` fills asynchronously.
+
+    The cache serves the rule engine (image, mounts). Who owns a sandbox is
+    never taken from it: a warm-pool sandbox is claimed by relabelling, so
+    ``owner_labels`` reads the labels from containerd when an alert is sent.
+    """
 
     def __init__(self, socket_path: str, namespace: str) -> None:
         self._socket = socket_path
         self._namespace = namespace
         self._client: Any = None
         self.known: dict[str, ContainerInfo] = {}
+        self._adopted: dict[str, float] = {}  # full id -> when a lookup found it (monotonic)
 
     def __call__(self, full_id: str) -> ContainerInfo | None:
         return self.known.get(full_id)
 
-    async def refresh(self) -> set[str]:
-        """Re-list the node's sandboxes; returns the ids that went away."""
+    async def client(self) -> Any:
         from sandbox import Containerd
 
         if self._client is None:
             self._client = await Containerd.connect(self._socket, namespace=self._namespace)
-        infos = await self._client.list_sandboxes()
+        return self._client
+
+    async def refresh(self) -> set[str]:
+        """Re-list the node's sandboxes; returns the ids that went away."""
+        client = await self.client()
+        listed_at = time.monotonic()
+        infos = await client.list_sandboxes()
         seen: dict[str, ContainerInfo] = {}
         for info in infos:
-            labels = dict(info.labels)
             old = self.known.get(info.id)
             ci = old or ContainerInfo(full_id=info.id, mounts=await self._mounts(info.id))
-            ci.name = labels.get("corral.workflow_id", info.id[:12])
-            ci.image = info.image
-            ci.labels = labels
+            self._label(ci, dict(info.labels), info.image)
             if info.created_at is not None and ci.start_ts is None:
                 ci.start_ts = int(info.created_at.timestamp() * 1e9)
             seen[info.id] = ci
-        gone = set(self.known) - set(seen)
-        self.known = seen
+        # A sandbox adopted while the listing ran is not in it, and not gone.
+        adopted = {k for k, at in self._adopted.items() if at >= listed_at and k in self.known}
+        gone = set(self.known) - set(seen) - adopted
+        self.known = {**{k: self.known[k] for k in adopted}, **seen}
+        self._adopted = {k: at for k, at in self._adopted.items() if k in adopted}
         return gone
+
+    async def lookup(self, full_id: str) -> ContainerInfo | None:
+        """One sandbox by id from containerd (None: not this node's), cached."""
+        spec_and_labels = await self._get(full_id)
+        if spec_and_labels is None:
+            return None
+        spec, labels, image = spec_and_labels
+        ci = self.known.get(full_id)
+        if ci is None:
+            ci = ContainerInfo(full_id=full_id, mounts=mounts_from_spec(spec.get("mounts") or []))
+            self._adopted[full_id] = time.monotonic()
+            self.known[full_id] = ci
+        self._label(ci, labels, image)
+        return ci
+
+    async def owner_labels(self, full_id: str) -> dict[str, str] | None:
+        """The sandbox's labels as containerd has them now (None: it is gone)."""
+        ci = await self.lookup(full_id)
+        return None if ci is None else dict(ci.labels or {})
+
+    async def destroy(self, full_id: str) -> None:
+        await (await self.client()).destroy_sandbox(full_id)
+
+    async def pause(self, full_id: str) -> None:
+        sandbox = await (await self.client()).get_sandbox(full_id)
+        if await sandbox.status() != "paused":
+            await sandbox.pause()
+
+    @staticmethod
+    def _label(ci: ContainerInfo, labels: dict[str, str], image: str) -> None:
+        ci.name = labels.get("corral.workflow_id", ci.full_id[:12])
+        ci.image = image
+        ci.labels = labels
+
+    async def _get(self, full_id: str) -> tuple[dict[str, Any], dict[str, str], str] | None:
+        from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
+        from sandbox.grpc_errors import is_not_found
+
+        client = await self.client()
+        conn = client.connection
+        try:
+            resp = await conn.containers.Get(
+                containers_pb2.GetContainerRequest(id=full_id), metadata=conn.md()
+            )
+        except Exception as err:
+            if is_not_found(err):
+                return None
+            raise
+        container = resp.container
+        try:
+            spec = json.loads(container.spec.value or b"{}")
+        except ValueError:
+            spec = {}
+        return spec, dict(container.labels), container.image
 
     async def _mounts(self, sandbox_id: str) -> list[MountInfo]:
         """The mounts of the sandbox's OCI spec (Falco's container.mount* fields)."""
-        from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
-
-        conn = self._client.connection
         try:
-            resp = await conn.containers.Get(
-                containers_pb2.GetContainerRequest(id=sandbox_id), metadata=conn.md()
-            )
-            spec = json.loads(resp.container.spec.value or b"{}")
-        except Exception as err:  # gone since the listing, or a spec we cannot read
+            got = await self._get(sandbox_id)
+        except Exception as err:  # a spec we cannot read
             log.debug("no mounts for %s: %s", sandbox_id[:12], err)
             return []
-        return mounts_from_spec(spec.get("mounts") or [])
+        return [] if got is None else mounts_from_spec(got[0].get("mounts") or [])
 
     async def close(self) -> None:
         if self._client is not None:
@@ -309,12 +208,17 @@ class PipelineStats:
     held: int = 0
     held_dropped: int = 0
     matches: int = 0
+    unowned: int = 0  # alerts of sandboxes no episode owns (an idle pool sandbox)
 
 
 class NodePipeline:
-    """Sensor events -> node filter -> engine -> rate limit -> poster."""
+    """Sensor events -> node filter -> engine -> rate limit -> owner -> poster.
 
-    MAX_HELD = 256  # events held per not-yet-known container
+    ``pending`` counts, per sandbox, the alerts not yet delivered or enforced,
+    so that ``settle`` can tell a step that its alerts are in.
+    """
+
+    MAX_HELD = 4096  # events held per not-yet-known container
 
     def __init__(
         self,
@@ -323,18 +227,24 @@ class NodePipeline:
         poster: AlertPoster,
         *,
         hostname: str,
+        enforcer: LocalEnforcer | None = None,
         dedup_window_s: float = 5.0,
         on_forget: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.containers = containers
         self.poster = poster
+        self.enforcer = enforcer
         self.hostname = hostname
         self.limiter = RateLimiter(dedup_window_s)
         self.stats = PipelineStats()
+        self.pending: dict[str, int] = {}
+        self.actions: dict[str, set[str]] = {}  # full id -> decisions of its alerts so far
+        self._settled = asyncio.Event()
         self._held: dict[str, list[Event]] = {}
         self._foreign: dict[str, float] = {}  # full id -> until (monotonic)
-        self._refreshing: asyncio.Task[None] | None = None
+        self._resolving: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._on_forget = on_forget
 
     def on_event(self, evt: Event) -> None:
@@ -356,35 +266,61 @@ class NodePipeline:
             self.stats.held += 1
         else:
             self.stats.held_dropped += 1
-        self.kick_refresh()
+        self._kick_resolve()
 
+    # -------------------------------------------------------- containers
     def kick_refresh(self) -> None:
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.create_task(self._refresh())
+        """Re-list (housekeeping): forget removed sandboxes."""
+        self._spawn(self._refresh())
 
     async def _refresh(self) -> None:
         try:
             gone = await self.containers.refresh()
         except (CorralError, OSError) as exc:
             log.warning("cannot list the node's sandboxes: %s", exc)
-            await asyncio.sleep(0.5)
-            gone = set()
+            return
         for full_id in gone:
+            self.actions.pop(full_id, None)
             if self._on_forget is not None:
                 self._on_forget(full_id)
-        held, self._held = self._held, {}
-        now = time.monotonic()
-        for full_id, events in held.items():
-            info = self.containers.known.get(full_id)
+
+    def _kick_resolve(self) -> None:
+        if self._resolving is None or self._resolving.done():
+            self._resolving = asyncio.create_task(self._resolve_held())
+
+    async def _resolve_held(self) -> None:
+        """Ask containerd about each held container by id: this node's, or foreign."""
+        while self._held:
+            full_id, events = next(iter(self._held.items()))
+            try:
+                info = await self.containers.lookup(full_id)
+            except Exception as exc:  # containerd unreachable: try again shortly
+                log.warning("cannot look up sandbox %s: %s", full_id[:12], exc)
+                await asyncio.sleep(0.5)
+                continue
+            events = self._held.pop(full_id, events)
             if info is None:
-                self._foreign[full_id] = now + 30.0
+                self._foreign[full_id] = time.monotonic() + 30.0
                 self.stats.foreign += len(events)
                 continue
             for evt in events:
                 self._fill(evt, info)
                 self._evaluate(evt)
+        now = time.monotonic()
         if len(self._foreign) > 10_000:
             self._foreign = {k: v for k, v in self._foreign.items() if v > now}
+
+    async def resolved(self, full_id: str, deadline: float) -> bool:
+        """Until events held for ``full_id`` have been judged (bounded)."""
+        while full_id in self._held and time.monotonic() < deadline:
+            task = self._resolving
+            if task is None or task.done():
+                self._kick_resolve()
+                task = self._resolving
+            assert task is not None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.monotonic()))
+        return full_id not in self._held
 
     @staticmethod
     def _fill(evt: Event, info: ContainerInfo) -> None:
@@ -394,20 +330,75 @@ class NodePipeline:
             c.name, c.image, c.labels = info.name, info.image, info.labels
             c.start_ts = c.start_ts or info.start_ts
 
+    # ----------------------------------------------------------- alerts
     def _evaluate(self, evt: Event) -> None:
         self.stats.evaluated += 1
         for match in self.engine.evaluate(evt):
             self.stats.matches += 1
             assert evt.container is not None
-            if not self.limiter.allow(match.rule, evt.container.full_id):
+            full_id = evt.container.full_id
+            if not self.limiter.allow(match.rule, full_id):
                 continue
+            self.pending[full_id] = self.pending.get(full_id, 0) + 1
+            self._settled.clear()
+            self._spawn(self._send(match, evt))
+
+    async def _send(self, match: Match, evt: Event) -> None:
+        """Name the owner as containerd has it now, freeze in place if it will be
+        killed or quarantined, then hand the alert to the poster."""
+        assert evt.container is not None
+        full_id = evt.container.full_id
+        handed = False
+        try:
+            with contextlib.suppress(Exception):  # gone, or containerd slow: cached labels
+                labels = await self.containers.owner_labels(full_id)
+                if labels is not None:
+                    evt.container.labels = labels
+                    evt.container.name = labels.get("corral.workflow_id", full_id[:12])
             body = alert_body(match, evt, self.hostname)
             try:
                 Alert.model_validate(body)
             except ValueError as exc:  # pydantic's ValidationError
                 log.error("rule %r produced an invalid alert: %s", match.rule, exc)
-                continue
-            self.poster.submit(body, evt.ts_ns)
+                return
+            if WORKFLOW_ID_FIELD not in body["output_fields"]:
+                self.stats.unowned += 1  # an idle pool sandbox: nobody to tell, still enforced
+            await self._freeze_in_place(body, evt)
+            self.poster.submit(body, evt.ts_ns, lambda _outcome: self._done(full_id))
+            handed = True
+        finally:
+            if not handed:
+                self._done(full_id)
+
+    async def _freeze_in_place(self, body: dict[str, Any], evt: Event) -> None:
+        if self.enforcer is None:
+            return
+        decision = self.enforcer.decide(body)
+        full_id = str(body["output_fields"].get("container.full_id"))
+        self.actions.setdefault(full_id, set()).add(decision.action)
+        if decision.action in ("kill", "quarantine") and not decision.dry_run:
+            await self.enforcer.freeze_now(body, decision, evt.wall_ns)
+
+    def _done(self, full_id: str) -> None:
+        left = self.pending.get(full_id, 1) - 1
+        if left > 0:
+            self.pending[full_id] = left
+        else:
+            self.pending.pop(full_id, None)
+        self._settled.set()
+
+    async def delivered(self, full_id: str, deadline: float) -> bool:
+        """Until every alert of ``full_id`` so far is delivered or enforced (bounded)."""
+        while self.pending.get(full_id) and time.monotonic() < deadline:
+            self._settled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), deadline - time.monotonic())
+        return not self.pending.get(full_id)
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 # ------------------------------------------------------------------- process
@@ -434,8 +425,10 @@ def intake_ssl(config: StackConfig) -> ssl.SSLContext | None:
 async def run_node_sensor(
     config: StackConfig, node: str, *, stop: asyncio.Event | None = None
 ) -> None:
+    from policies.responses import load_responses
     from policies.sensor.prefilter import sensor_for
     from workers.intake import load_token
+    from workers.sensor_service import SensorService
 
     if node not in config.node_names():
         raise SystemExit(f"unknown node {node!r} (one of {', '.join(config.node_names())})")
@@ -449,19 +442,29 @@ async def run_node_sensor(
     containers = NodeContainers(
         str(config.containerd_socket(node)), config.nodes.containerd_namespace
     )
-    poster = AlertPoster(intake_url(config), token, ssl_context=intake_ssl(config))
+    enforcer = LocalEnforcer(
+        load_responses(config.resolve(config.sensor.responses)),
+        destroy=containers.destroy, pause=containers.pause,
+        enforced_record=config.sensor_enforced_record(node),
+        frozen_record=config.sensor_frozen_record(node),
+    )  # fmt: skip
+    poster = AlertPoster(
+        intake_url(config), token, enforce=enforcer.enforce, ssl_context=intake_ssl(config)
+    )
     sensor = sensor_for(engine, containers, config.sensor.backend)
     pipeline = NodePipeline(
-        engine, containers, poster,
+        engine, containers, poster, enforcer=enforcer,
         hostname=f"{socket.gethostname()}/{node}", on_forget=sensor.forget,
     )  # fmt: skip
     sensor.add_callback(pipeline.on_event)
+    service = SensorService(sensor, pipeline, config.sensor_socket(node))
     metrics = _served_metrics(config, node, sensor, pipeline, poster)
     stop = stop or asyncio.Event()
     await poster.start()
     with contextlib.suppress(CorralError, OSError):
         await containers.refresh()
     await sensor.start()
+    await service.start()
     log.info("sensor for %s: %d rules, event types %s, intake %s", node,
              len(engine.ruleset.active), ",".join(sorted(types)), poster.url)  # fmt: skip
     ticker = asyncio.create_task(_housekeeping(sensor, pipeline, poster, node))
@@ -473,6 +476,7 @@ async def run_node_sensor(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await service.stop()
         await sensor.stop()  # stops the tracer
         await poster.drain(timeout_s=3.0)
         await poster.stop()
@@ -492,10 +496,11 @@ def _served_metrics(
     s, p, a = sensor.stats, pipeline.stats, poster.stats
     metrics.observe_counts(
         "corral.sensor.events",
-        "Sensor events by stage: seen, lost, evaluated, matched, posted, failed",
+        "Sensor events by stage; every alert ends delivered, enforced or suppressed",
         lambda: {"seen": s.events, "lost": s.lost, "dropped": s.dropped,
-                 "evaluated": p.evaluated, "matched": p.matches, "posted": a.posted,
-                 "rejected": a.rejected, "failed": a.failed},
+                 "evaluated": p.evaluated, "matched": p.matches,
+                 "suppressed": pipeline.limiter.suppressed, "delivered": a.delivered,
+                 "enforced": a.enforced, "held": a.held, "gaps": getattr(s, "gaps", 0)},
         {"node": node},
     )  # fmt: skip
     return metrics
@@ -527,11 +532,12 @@ async def _housekeeping(
 def _log_stats(sensor: Any, pipeline: NodePipeline, poster: AlertPoster, node: str) -> None:
     s, p, a = sensor.stats, pipeline.stats, poster.stats
     log.info(
-        "stats %s: events=%d lost=%d dropped=%d evaluated=%d foreign=%d matches=%d "
-        "suppressed=%d queued=%d posted=%d rejected=%d failed=%d retries=%d qdropped=%d "
-        "latency=%s", node, s.events, s.lost, s.dropped, p.evaluated, p.foreign, p.matches,
-        pipeline.limiter.suppressed, a.queued, a.posted, a.rejected, a.failed, a.retries,
-        a.dropped, a.percentiles() or "-",
+        "stats %s: events=%d lost=%d dropped=%d gaps=%d evaluated=%d foreign=%d matches=%d "
+        "suppressed=%d queued=%d delivered=%d enforced=%d held=%d retries=%d frozen=%d "
+        "latency=%s", node, s.events, s.lost, s.dropped, getattr(s, "gaps", 0), p.evaluated,
+        p.foreign, p.matches, pipeline.limiter.suppressed, a.queued, a.delivered, a.enforced,
+        a.held, a.retries, pipeline.enforcer.frozen if pipeline.enforcer else 0,
+        a.percentiles() or "-",
     )  # fmt: skip
 
 

@@ -134,6 +134,7 @@ class Stack:
             "CORRAL_INTAKE_PORT": str(c.intake.port),
             "CORRAL_NODES": str(c.nodes.count),
             "CORRAL_WARM_POOL": ",".join(f"{k}={v}" for k, v in c.workers.warm_pool.items()),
+            "CORRAL_SENSOR_REQUIRED": "true" if c.sensor.required else "false",
             "PYTHONUNBUFFERED": "1",
         }
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -114,6 +114,11 @@ PROVISION_ATTEMPTS = 8
 PLACE_RETRY_S = 2.0
 # Patch id: the idle timer is armed once per idle period, not reset per request.
 IDLE_TIMER_REARMED = "idle-timer-rearmed"
+# Patch id: a quarantine whose alert came in as the body ended is still carried
+# out (the watermark makes a step's alerts arrive before its result).
+QUARANTINE_AFTER_BODY = "quarantine-after-body"
+# Patch id: an alert that arrives during the teardown still decides the outcome.
+LATE_ALERTS = "late-alerts"
 
 T = TypeVar("T")
 
@@ -228,7 +233,7 @@ class EpisodeWorkflow:
     async def _watch(self, body: asyncio.Task[StepResult | None]) -> None:
         assert self._s.started_at is not None
         deadline = self._s.started_at + timedelta(seconds=self._spec.timeouts.max_lifetime_s)
-        while not body.done():
+        while not body.done() or self._quarantine_after_body():
             if self._s.kill is None and self._s.pending_quarantines:
                 await self._quarantine(self._s.pending_quarantines[0])
                 continue
@@ -253,6 +258,11 @@ class EpisodeWorkflow:
         if self._s.kill is not None:
             raise _Killed(self._s.kill)
         body.result()  # re-raise what the body raised
+
+    def _quarantine_after_body(self) -> bool:
+        """A quarantine ordered while the body ended is carried out, not dropped."""
+        pending = self._s.kill is None and bool(self._s.pending_quarantines)
+        return pending and workflow.patched(QUARANTINE_AFTER_BODY)
 
     # ---------------------------------------------------------------- phases
     async def _provision_watched(self) -> None:
@@ -849,12 +859,32 @@ class EpisodeWorkflow:
         else:
             # One activity tears down and records: a second one per episode
             # cost the server more than the record is worth.
-            result.teardown_s = await self._teardown(record)
+            result.teardown_s, teardown_sensor = await self._teardown(record)
+            result.sensor = _sensor_verdict([*self._s.steps, teardown_sensor])
+            self._late_alerts(result)
+        if not result.sensor:
+            result.sensor = _sensor_verdict(self._s.steps)
         await self._admission.release()  # after teardown: the room is free again
         self._set_state(outcome)
         return result
 
-    async def _teardown(self, record: RecordEpisodeInput) -> float:
+    def _late_alerts(self, result: EpisodeResult) -> None:
+        """An alert the teardown's watermark brought in decides the outcome: the
+        agent did it (a background process, after its last step)."""
+        kill = self._s.kill
+        late = (kill is not None and kill.rule) or self._s.pending_quarantines
+        if result.outcome != "completed" or not late or not workflow.patched(LATE_ALERTS):
+            return
+        result.alerts = self._s.alerts
+        if kill is not None and kill.rule:
+            result.outcome, result.reason = "killed", kill.reason
+        elif self._s.pending_quarantines:
+            rule = self._s.pending_quarantines[0].rule
+            # Its sandbox is gone: nothing is left to hold for on-call.
+            result.outcome = "killed"
+            result.reason = f"quarantined by rule '{rule}' as the episode ended"
+
+    async def _teardown(self, record: RecordEpisodeInput) -> tuple[float, str]:
         """Always attempted; if the node is gone, the janitor reaps the sandbox."""
         try:
             done = await self._node_activity(
@@ -868,10 +898,10 @@ class EpisodeWorkflow:
                 ),
                 timeout_s=120,
             )
-            return float(done.teardown_s)
+            return float(done.teardown_s), done.sensor
         except ActivityError as err:
             workflow.logger.warning("teardown of %s failed: %s", self._s.sandbox_id, err)
-            return 0.0
+            return 0.0, ""
 
     # -------------------------------------------------------- continue-as-new
     def _wants_continue_as_new(self) -> bool:
@@ -972,6 +1002,17 @@ async def _settle(task: asyncio.Task[Any]) -> None:
     except BaseException as err:
         if not (isinstance(err, asyncio.CancelledError) or is_cancelled_exception(err)):
             workflow.logger.info("episode body ended with %r after kill", err)
+
+
+def _sensor_verdict(verdicts: Sequence[StepResult | str]) -> str:
+    """The episode's watermark: the first step (or teardown) not judged in time,
+    else ok ("" when nothing asked the sensor, e.g. histories from before it)."""
+    said = [v if isinstance(v, str) else v.sensor for v in verdicts]
+    said = [v for v in said if v]
+    bad = [v for v in said if v not in ("ok", "off")]
+    if bad:
+        return bad[0]
+    return "ok" if "ok" in said else (said[0] if said else "")
 
 
 def _step_failed(result: StepResult) -> ApplicationError:

@@ -43,11 +43,17 @@ class FakeHandle:
             raise self.client.error
         self.client.signals.append((self.wid, name, arg))
 
+    async def describe(self) -> object:
+        if not self.client.existed:
+            raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+        return object()
+
 
 class FakeClient:
-    def __init__(self, error: Exception | None = None) -> None:
+    def __init__(self, error: Exception | None = None, existed: bool = True) -> None:
         self.signals: list[tuple[str, str, Any]] = []
         self.error = error
+        self.existed = existed
 
     def get_workflow_handle(self, wid: str) -> FakeHandle:
         return FakeHandle(self, wid)
@@ -88,9 +94,17 @@ async def test_unknown_container() -> None:
     assert result.status == "unknown_sandbox"
 
 
-async def test_closed_workflow_is_unknown_sandbox() -> None:
+async def test_closed_workflow_is_closed_not_unknown() -> None:
+    """410 for an episode that ran and ended: the sensor then enforces on the node."""
     err = RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
     result = await delivery(FakeClient(err))(ALERT, Decision(action="kill", rule=ALERT.rule))
+    assert (result.status, result.workflow_id) == ("closed", "episode-7")
+
+
+async def test_workflow_that_never_ran_is_unknown_sandbox() -> None:
+    err = RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+    client = FakeClient(err, existed=False)
+    result = await delivery(client)(ALERT, Decision(action="kill", rule=ALERT.rule))
     assert result.status == "unknown_sandbox"
 
 

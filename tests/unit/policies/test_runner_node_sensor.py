@@ -1,4 +1,5 @@
-"""workers.sensor's pipeline without bpftrace: node filter, alert JSON, rate limit, posting."""
+"""workers.sensor's pipeline without a tracer: node filter, owner, alert JSON, rate limit,
+and delivery that never drops an alert (delivered, held and retried, or enforced)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from policies.alert import parse_alert
 from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event, FdInfo, Process
 from policies.falco.fields import default_registry
-from workers.sensor import AlertPoster, NodeContainers, NodePipeline, RateLimiter, alert_body
+from workers.sensor import NodeContainers, NodePipeline, alert_body
+from workers.sensor_delivery import AlertPoster, RateLimiter
 
 RULES = Path(__file__).resolve().parents[3] / "policies" / "rules" / "corral_rules.yaml"
 MINE = "a1" * 32
@@ -34,6 +36,8 @@ def write_bin(full_id: str, path: str = "/bin/x") -> Event:
 
 
 class FakeContainers(NodeContainers):
+    """The node's containerd as a dict: ``on_node`` is what a lookup finds now."""
+
     def __init__(self, on_node: dict[str, ContainerInfo]) -> None:
         super().__init__("/nonexistent.sock", "corral")
         self.on_node = on_node
@@ -45,13 +49,21 @@ class FakeContainers(NodeContainers):
         self.known = dict(self.on_node)
         return gone
 
+    async def lookup(self, full_id: str) -> ContainerInfo | None:
+        info = self.on_node.get(full_id)
+        if info is not None:
+            self.known[full_id] = info
+        return info
+
 
 class FakePoster:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
 
-    def submit(self, body: dict[str, Any], event_ts_ns: int) -> None:
+    def submit(self, body: dict[str, Any], event_ts_ns: int, on_done: Any = None) -> None:
         self.bodies.append(body)
+        if on_done is not None:
+            on_done("delivered")
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +82,40 @@ async def test_only_this_nodes_sandboxes_are_reported(engine: RuleEngine) -> Non
     p = pipeline(engine, poster, {MINE: info})
     p.on_event(write_bin(OTHER))
     p.on_event(write_bin(MINE))
-    assert poster.bodies == []  # both held until the node's list is known
+    assert poster.bodies == []  # both held until containerd is asked about them
     await asyncio.sleep(0.05)
     assert [b["output_fields"]["container.id"] for b in poster.bodies] == [MINE[:12]]
+    assert poster.bodies[0]["output_fields"]["container.label[corral.workflow_id]"] == "ep-1"
     p.on_event(write_bin(OTHER, "/bin/y"))  # now known as foreign: dropped at once
     assert p.stats.foreign == 2 and len(poster.bodies) == 1
+
+
+async def test_owner_is_read_when_the_alert_is_sent(engine: RuleEngine) -> None:
+    """A warm-pool sandbox is claimed by relabelling: the cached labels are stale."""
+    poster = FakePoster()
+    p = pipeline(engine, poster, {MINE: ContainerInfo(full_id=MINE, labels={"corral.pool": "warm"})})
+    await p.containers.refresh()
+    p.containers.on_node[MINE] = ContainerInfo(
+        full_id=MINE, labels={"corral.pool": "taken", "corral.workflow_id": "ep-claimed"}
+    )
+    p.on_event(write_bin(MINE))
+    await asyncio.sleep(0.05)
+    (body,) = poster.bodies
+    assert body["output_fields"]["container.label[corral.workflow_id]"] == "ep-claimed"
+    assert not p.pending  # delivered: a settle would not wait
+
+
+async def test_a_sandbox_made_during_a_listing_is_not_taken_for_foreign(
+    engine: RuleEngine,
+) -> None:
+    poster = FakePoster()
+    p = pipeline(engine, poster, {})
+    await p.containers.refresh()  # the listing did not have it yet
+    p.containers.on_node[MINE] = ContainerInfo(full_id=MINE, labels={"corral.workflow_id": "e"})
+    p.on_event(write_bin(MINE))
+    assert await p.resolved(MINE, asyncio.get_running_loop().time() + 5)
+    await asyncio.sleep(0.05)
+    assert len(poster.bodies) == 1 and p.stats.foreign == 0
 
 
 async def test_alert_body_is_falco_json_with_corral_fields(engine: RuleEngine) -> None:
@@ -97,6 +138,7 @@ async def test_duplicates_are_rate_limited(engine: RuleEngine) -> None:
     await p.containers.refresh()
     for _ in range(5):
         p.on_event(write_bin(MINE))
+    await asyncio.sleep(0.05)
     assert len(poster.bodies) == 1 and p.limiter.suppressed == 4
 
 
@@ -130,30 +172,69 @@ async def intake() -> AsyncIterator[tuple[str, list[int], list[str]]]:
     await runner.cleanup()
 
 
-async def test_poster_retries_5xx_and_gives_up_on_4xx(
+class Enforced:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def __call__(self, body: dict[str, Any], reason: str) -> None:
+        self.calls.append((body["rule"], reason))
+
+
+async def test_poster_retries_5xx_and_404_and_enforces_final_refusals(
     intake: tuple[str, list[int], list[str]], engine: RuleEngine
 ) -> None:
     url, script, seen = intake
     evt = write_bin(MINE)
     body = alert_body(engine.evaluate(evt)[0], evt, "h")
-    poster = AlertPoster(url, "tok", backoff_s=(0.01, 0.02), attempts=3)
+    enforced = Enforced()
+    poster = AlertPoster(url, "tok", enforce=enforced, backoff_s=(0.01, 0.02))
+    outcomes: list[str] = []
     await poster.start()
     try:
-        script.extend([503, 502])  # two failures, then 200
-        poster.submit(body, 0)
+        script.extend([503, 404, 502])  # held and retried, then 200
+        poster.submit(body, 0, outcomes.append)
         await poster.drain()
-        assert poster.stats.posted == 1 and poster.stats.retries == 2
-        script.append(404)  # final
-        poster.submit(body, 0)
+        assert poster.stats.delivered == 1 and poster.stats.retries == 3
+        script.append(410)  # the episode has closed: the node enforces
+        poster.submit(body, 0, outcomes.append)
+        script.append(400)  # refused for good: the node enforces
         await poster.drain()
-        assert poster.stats.rejected == 1 and poster.stats.posted == 1
+        poster.submit(body, 0, outcomes.append)
+        await poster.drain()
+        assert outcomes == ["delivered", "enforced", "enforced"]
+        assert [reason.split(":")[0] for _, reason in enforced.calls] == [
+            "episode closed", "refused 400"
+        ]
+        assert poster.stats.enforced == 2 and poster.stats.held == 0
         assert set(seen) == {"Bearer tok"}
     finally:
         await poster.stop()
 
 
-async def test_poster_queue_is_bounded() -> None:
-    poster = AlertPoster("http://127.0.0.1:9/alerts", "t", queue_size=2)
+async def test_poster_enforces_when_the_hold_runs_out(engine: RuleEngine) -> None:
+    evt = write_bin(MINE)
+    body = alert_body(engine.evaluate(evt)[0], evt, "h")
+    enforced = Enforced()
+    poster = AlertPoster("http://127.0.0.1:9/alerts", "t", enforce=enforced,
+                         hold_s=0.2, backoff_s=(0.01, 0.05))  # fmt: skip
+    await poster.start()
+    try:
+        poster.submit(body, 0)
+        await asyncio.sleep(0.05)
+        assert poster.stats.held == 1  # waiting for its owner, counted
+        await poster.drain()
+        assert [reason.split(":")[0] for _, reason in enforced.calls] == ["undeliverable"]
+        assert (poster.stats.delivered, poster.stats.enforced, poster.stats.held) == (0, 1, 0)
+    finally:
+        await poster.stop()
+
+
+async def test_a_full_queue_enforces_instead_of_dropping() -> None:
+    enforced = Enforced()
+    poster = AlertPoster("http://127.0.0.1:9/alerts", "t", enforce=enforced, queue_size=2)
     for i in range(5):
         poster.submit({"rule": str(i), "output_fields": {}}, 0)
-    assert poster.stats.dropped == 3 and poster.stats.queued == 5
+    await poster.drain()
+    assert [rule for rule, _ in enforced.calls] == ["2", "3", "4"]
+    assert poster.stats.enforced == 3 and poster.stats.queued == 5
+    await poster.stop()

@@ -1,0 +1,112 @@
+"""The node worker's side of the watermark: "has the sensor judged this sandbox's events?"
+
+Every agent command runs between two questions to the node's sensor, asked
+on its unix socket (`StackConfig.sensor_socket(node)`, served by
+`workers/sensor_service.py`):
+
+* ``require()`` before it starts: is the sensor watching? A node whose sensor
+  is down starts no agent command (``SensorDown``, retried by Temporal) unless
+  ``sensor.required`` is false (``corral up --allow-unwatched``).
+* ``settle(sandbox_id)`` after it ends: the sensor stamps a tick behind every
+  record the kernel had written, judges the events up to it, and answers
+  once each alert of the sandbox is delivered to the intake (so the alert's
+  signal is in the episode's history before the step's result) or enforced
+  on the node. Bounded by ``sensor.settle_timeout_s``; the answer is a
+  ``Verdict`` the step carries: ``ok``, or why not (``behind``, ``down``,
+  ``gap``: the sensor restarted or lost records meanwhile, ``unsupported``:
+  the bpftrace backend has no ticks, ``off``: no sensor on this stack).
+
+The protocol: one JSON line each way per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from sandbox.errors import CorralError
+
+VerdictStatus = Literal["ok", "behind", "down", "gap", "unsupported", "off"]
+PING_TIMEOUT_S = 5.0
+
+
+class SensorDown(CorralError):
+    """The node's sensor is not watching: no agent command may start."""
+
+
+class Verdict(BaseModel):
+    """What the sensor could say about a sandbox's events up to a moment."""
+
+    status: VerdictStatus
+    waited_ms: float = 0.0
+    gaps: int = 0
+    actions: list[str] = []  # the decisions of the sandbox's alerts so far (kill, quarantine...)
+
+    @property
+    def stops_episode(self) -> bool:
+        """An alert will kill or quarantine its episode: keep the sandbox for it."""
+        return bool({"kill", "quarantine"} & set(self.actions))
+
+    @property
+    def clean(self) -> bool:
+        return self.status in ("ok", "off")
+
+
+class SensorWatch:
+    def __init__(
+        self, socket_path: Path, *, enabled: bool, required: bool, settle_timeout_s: float
+    ) -> None:
+        self.socket_path = socket_path
+        self.enabled = enabled
+        self.required = required
+        self.settle_timeout_s = settle_timeout_s
+
+    async def require(self) -> int:
+        """Raise SensorDown unless the sensor watches; returns its gap count."""
+        if not self.enabled:
+            return 0
+        try:
+            answer = await self._ask({"op": "ping"}, PING_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError) as err:
+            if self.required:
+                raise SensorDown(
+                    f"the node's sensor does not answer on {self.socket_path}: {err}"
+                ) from err
+            return 0
+        if answer.get("status") == "down" and self.required:
+            raise SensorDown("the node's sensor is not attached to the kernel")
+        return int(answer.get("gaps", 0))
+
+    async def settle(self, sandbox_id: str, gaps: int | None = None) -> Verdict:
+        """Until the sensor has judged the sandbox's events so far (bounded)."""
+        if not self.enabled:
+            return Verdict(status="off")
+        started = time.monotonic()
+        request = {"op": "settle", "sandbox_id": sandbox_id,
+                   "timeout_s": self.settle_timeout_s, "gaps": gaps}  # fmt: skip
+        try:
+            answer = await self._ask(request, self.settle_timeout_s + PING_TIMEOUT_S)
+            verdict = Verdict.model_validate(answer)
+        except (OSError, TimeoutError, ValueError):
+            verdict = Verdict(status="down")
+        verdict.waited_ms = round((time.monotonic() - started) * 1000, 2)
+        return verdict
+
+    async def _ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+            try:
+                writer.write(json.dumps(request).encode() + b"\n")
+                await writer.drain()
+                line = await reader.readline()
+            finally:
+                writer.close()
+        answer = json.loads(line)
+        if not isinstance(answer, dict):
+            raise ValueError(f"sensor answered {line[:100]!r}")
+        return answer

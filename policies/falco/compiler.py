@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from policies.falco.calls import resolve_field
 from policies.falco.evttypes import EventTypes, check_event_type_values, event_types
 from policies.falco.expand import (
     Expander,
@@ -30,7 +31,7 @@ from policies.falco.expand import (
     iter_checks,
     macro_refs,
 )
-from policies.falco.fieldapi import FieldRegistry
+from policies.falco.fieldapi import FieldRegistry, FieldType
 from policies.falco.grammar import (
     And,
     BinaryCheck,
@@ -41,11 +42,13 @@ from policies.falco.grammar import (
     Not,
     Or,
     UnaryCheck,
+    Value,
 )
-from policies.falco.loader import ItemContext, RuleLoadError, UnknownFieldError
+from policies.falco.loader import FieldTypeError, ItemContext, RuleLoadError, UnknownFieldError
 from policies.falco.operators import Predicate, field_to_field, lift, modified_test, scalar_test
+from policies.falco.resolve import ResolvedField
 from policies.falco.transformers import Getter, make_getter, to_text
-from policies.falco.typecheck import ResolvedField, check_operator, resolve_field
+from policies.falco.typecheck import check_operator
 
 __all__ = [
     "EventTypes",
@@ -76,6 +79,8 @@ def _compile_check(
     check_operator(fld, check.op, ctx)
     if isinstance(check, BinaryCheck):
         check_event_type_values(check, ctx)
+    if isinstance(check, BinaryCheck):
+        _refuse_nul(check, fld, ctx)
     get = make_getter(fld)
     if isinstance(check, UnaryCheck):
         return lambda ev: (v := get(ev)) is not None and v != []
@@ -84,9 +89,18 @@ def _compile_check(
     if check.op == "!=" and fld.spec.both_ends:
         equal = lift(get, scalar_test("=", check.value, fld, ctx))
         return lambda ev: get(ev) is not None and not equal(ev)
-    if check.modifier and isinstance(check.value, ListValue):
-        return lift(get, modified_test(check.op, check.modifier, check.value, fld, ctx))
+    if check.modifier:
+        items = check.value if isinstance(check.value, ListValue) else ListValue((check.value,))
+        return lift(get, modified_test(check.op, check.modifier, items, fld, ctx))
     return lift(get, scalar_test(check.op, check.value, fld, ctx))
+
+
+def _refuse_nul(check: BinaryCheck, fld: ResolvedField, ctx: ItemContext | None) -> None:
+    """libsinsp refuses a NUL byte in a value unless the field is a byte buffer."""
+    rhs = check.value
+    values = rhs.items if isinstance(rhs, ListValue) else [rhs] if isinstance(rhs, Value) else []
+    if fld.type is not FieldType.BYTES and any("\x00" in v.text for v in values):
+        raise FieldTypeError(f"a NUL byte in a value of field '{fld.ref.text()}'", ctx)
 
 
 def _all(preds: tuple[Predicate, ...]) -> Predicate:

@@ -69,7 +69,7 @@ from policies.falco.loader import (
     load_texts,
 )
 from policies.falco.output import ExtraFields, OutputTemplate, json_value
-from policies.falco.typecheck import unknown_field
+from policies.falco.resolve import unknown_field
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from policies.falco.grammar import (
     LIST_OPS,
     TRANSFORMERS,
     And,
+    ArgList,
     BinaryCheck,
     ConditionParseError,
     FieldRef,
@@ -246,7 +247,11 @@ def _plain_refs(ref: FieldRef) -> list[FieldRef]:
     """The registry fields behind a reference (a join/concat/getopt names several)."""
     if ref.args is None:
         return [ref]
-    return [r for a in ref.args if isinstance(a, FieldRef) for r in _plain_refs(a)]
+    refs: list[FieldRef] = []
+    for arg in ref.args:
+        items = arg.items if isinstance(arg, ArgList) else (arg,)
+        refs += [r for item in items if isinstance(item, FieldRef) for r in _plain_refs(item)]
+    return refs
 
 
 def fields_used(node: Node) -> list[str]:

@@ -22,6 +22,7 @@ class FieldType(str, Enum):  # noqa: UP042 (contract: str() stays the enum name)
     INT = "int"  # int64/uint64 in Falco
     BOOL = "bool"
     LIST = "list"  # a list of strings (proc.aname without argument, evt.args...)
+    BYTES = "bytes"  # a byte buffer (evt.buffer, evt.arg.data): libsinsp's PT_BYTEBUF
     IPADDR = "ipaddr"
     IPNET = "ipnet"
     PORT = "port"

@@ -82,6 +82,8 @@ def _is_open_exec_evt(e: Event, _a: Arg) -> bool:
 
 def render_arg(e: Event, key: str, value: Any) -> str:
     """One argument as Falco prints it."""
+    if isinstance(value, (bytes, bytearray)):  # a buffer: its bytes (undecodable ones escaped)
+        return bytes(value).decode("utf-8", "surrogateescape")
     if isinstance(value, int):
         if key == "flags" and e.type in OPEN_TYPES:
             return fl.open_flags(value)
@@ -220,6 +222,8 @@ def _evt_fields() -> list[FieldSpec]:
         FieldSpec("evt.failed", B, _plain(lambda e: e.res is not None and e.res < 0)),
         FieldSpec("evt.count", N, _plain(lambda e: 1)),
         FieldSpec("evt.source", S, _plain(lambda e: "syscall")),
+        # Plugin events only: <NA> for syscalls.
+        FieldSpec("evt.plugininfo", S, _plain(lambda e: None)),
         FieldSpec("evt.hostname", S, _plain(lambda e: e.hostname or socket.gethostname())),
         FieldSpec("evt.is_open_read", B, _is_open(fl.is_read)),
         FieldSpec("evt.is_open_write", B, _is_open(fl.is_write)),
@@ -237,7 +241,7 @@ def _evt_fields() -> list[FieldSpec]:
         FieldSpec("syscall.type", S, _plain(lambda e: None if e.type in _NOT_SYSCALLS else e.type)),
         FieldSpec("evt.is_syscall", B, _plain(lambda e: e.type not in _NOT_SYSCALLS)),
         # The sensor does not copy I/O buffers out of the kernel.
-        FieldSpec("evt.buffer", S, _plain(lambda e: e.args.get("data"))),
+        FieldSpec("evt.buffer", FieldType.BYTES, _plain(lambda e: e.args.get("data"))),
         FieldSpec("evt.buflen", N,
                   _plain(lambda e: e.res if e.type in _IO_READ or e.type in _IO_WRITE else None)),
     ]  # fmt: skip

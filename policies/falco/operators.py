@@ -9,13 +9,16 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from policies.falco.calls import resolve_field
 from policies.falco.fieldapi import FieldRegistry, FieldType
 from policies.falco.grammar import BinaryCheck, FieldValue, ListValue
 from policies.falco.loader import FieldTypeError, ItemContext, UnsupportedOperatorError
+from policies.falco.resolve import IP_TYPES, NUMERIC, ResolvedField
 from policies.falco.transformers import SEQ, Getter, make_getter, to_int, to_text
-from policies.falco.typecheck import IP_TYPES, NUMERIC, ResolvedField, convert, resolve_field
+from policies.falco.typecheck import convert
 
 Predicate = Callable[[Any], bool]
+_TEXT = (FieldType.STRING, FieldType.LIST, FieldType.BYTES)
 
 
 def _glob_regex(pattern: str, flags: int = 0) -> re.Pattern[str]:
@@ -143,7 +146,7 @@ def scalar_test(
         if ftype in NUMERIC:
             return cmp
         return lambda x: (n := to_int(x)) is not None and cmp(n)
-    if op in ("=", "==", "!=") and ftype not in (FieldType.STRING, FieldType.LIST):
+    if op in ("=", "==", "!=") and ftype not in _TEXT:
         v = convert(text, ftype, ctx, name)
         test = _ip_eq(v) if ftype in IP_TYPES else partial(operator.eq, v)
         return test if op != "!=" else lambda x: not test(x)
@@ -199,6 +202,14 @@ _FIELD_CMP: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
+def _family(ftype: FieldType) -> str:
+    if ftype in _TEXT:
+        return "text"
+    if ftype in NUMERIC:
+        return "number"
+    return ftype.value
+
+
 def field_to_field(
     check: BinaryCheck, left: Getter, registry: FieldRegistry, ctx: ItemContext | None
 ) -> Predicate:
@@ -208,7 +219,19 @@ def field_to_field(
         raise UnsupportedOperatorError(
             f"operator '{check.op}' is not supported with a field on the right", ctx
         )
-    right = make_getter(resolve_field(registry, check.value.field, ctx))
+    if check.value.val_arg is not None:
+        raise FieldTypeError("transformer 'val' does not support field arguments", ctx)
+    lhs = resolve_field(registry, check.field, ctx)
+    rhs = resolve_field(registry, check.value.field, ctx)
+    if lhs.type is FieldType.IPNET:
+        raise FieldTypeError("field type 'IPNET' doesn't support right-hand side fields", ctx)
+    if _family(lhs.type) != _family(rhs.type):
+        raise FieldTypeError(
+            f"cannot compare {lhs.type.value} field '{check.field.text()}' with "
+            f"{rhs.type.value} field '{check.value.field.text()}'",
+            ctx,
+        )
+    right = make_getter(rhs)
 
     def pred(ev: Any) -> bool:
         a = left(ev)

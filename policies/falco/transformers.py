@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.falco.fieldapi import FieldType
-from policies.falco.typecheck import ResolvedField, parse_number
+from policies.falco.resolve import ResolvedField, parse_number
 
 Getter = Callable[[Any], Any]
 SEQ = (list, tuple)
@@ -62,6 +62,7 @@ def _norm_text(value: Any) -> str:
 _NORMALIZE: dict[FieldType, Callable[[Any], Any]] = {
     FieldType.STRING: _norm_text,
     FieldType.LIST: _norm_text,
+    FieldType.BYTES: _norm_text,
     FieldType.INT: to_int,
     FieldType.PORT: to_int,
     FieldType.RELTIME: to_int,
@@ -81,11 +82,19 @@ _PYTYPE: dict[FieldType, type] = {
 }
 
 
-def _transform(name: str, value: Any) -> Any:
+def _byte_len(value: Any) -> int | None:
+    # libsinsp counts bytes; strings hold bytes as UTF-8 with surrogate escapes.
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogateescape"))
+    return len(value) if isinstance(value, (bytes, list, tuple)) else None
+
+
+def transform(name: str, value: Any) -> Any:
+    """One single-value transformer over a value (a list: over each item)."""
     if name == "len":
-        return len(value) if isinstance(value, (str, bytes, list, tuple)) else None
+        return _byte_len(value)
     if isinstance(value, SEQ):
-        return [_transform(name, v) for v in value]
+        return [transform(name, v) for v in value]
     text = to_text(value)
     if name == "tolower":
         return text.lower()
@@ -93,8 +102,9 @@ def _transform(name: str, value: Any) -> Any:
         return text.upper()
     if name == "basename":
         return text.rsplit("/", 1)[-1]
-    try:  # b64
-        return base64.b64decode(text, validate=True).decode("utf-8", "replace")
+    try:  # b64 (libsinsp decodes without requiring the padding)
+        text += "=" * (-len(text) % 4)
+        return base64.b64decode(text, validate=True).decode("utf-8", "surrogateescape")
     except (binascii.Error, ValueError):
         return None
 
@@ -123,7 +133,7 @@ def make_getter(field_: ResolvedField) -> Getter:
         for t in chain:
             if v is None:
                 return None
-            v = _transform(t, v)
+            v = transform(t, v)
         return v
 
     return get_transformed

@@ -25,7 +25,7 @@ _FIELDS: list[tuple[str, FieldType, ArgKind]] = [
     ("evt.num", N, ArgKind.NONE),
     ("evt.res", S, ArgKind.NONE),
     ("evt.rawres", N, ArgKind.NONE),
-    ("evt.buffer", S, ArgKind.NONE),
+    ("evt.buffer", FieldType.BYTES, ArgKind.NONE),
     ("evt.is_open_write", B, ArgKind.NONE),
     ("evt.is_open_read", B, ArgKind.NONE),
     ("evt.arg", S, ArgKind.REQUIRED),

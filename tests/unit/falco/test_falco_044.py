@@ -67,12 +67,16 @@ def test_join_and_concat() -> None:
 def test_getopt() -> None:
     ev = {**EV, "proc.aname": ["-nt", "30", "-x", "--long", "-v", "file", "-q"]}
     assert matches('getopt(proc.aname, "nt:v")[t] = 30', ev)
-    assert matches('getopt(proc.aname, "nt:v")[v] = -v', ev)
+    assert matches('getopt(proc.aname, "nt:v")[v] = v', ev)  # an option without value: its name
+    assert matches('getopt(proc.aname, "nt:v") intersects (n, t, 30, "?")', ev)
     assert not matches('getopt(proc.aname, "nt:v")[q] exists', ev)  # after the operand
 
 
 def test_scan_options_follows_getopt() -> None:
     argv = ["-ab", "-cval", "-c", "next", "--", "-a"]
-    assert scan_options(argv, "abc:") == [("a", None), ("b", None), ("c", "val"), ("c", "next")]
+    found = scan_options(argv, "abc:")
+    assert [(o.name, o.value) for o in found] == [("a", None), ("b", None), ("c", "val"),
+                                                   ("c", "next")]  # fmt: skip
     assert scan_options(["operand", "-a"], "a") == []
-    assert scan_options(["--exec", "-a"], "a") == [("a", None)]
+    assert [o.name for o in scan_options(["--exec", "-x", "-a"], "a")] == ["?", "a"]
+    assert scan_options(["-c"], ":c:") == [("c", "", True)]  # missing argument

@@ -122,7 +122,7 @@ NONE_OPS = [
     "proc.name in (x, y)",
     "proc.name intersects (x)",
     "proc.name pmatch (/)",
-    "proc.name bcontains 78",
+    "evt.buffer bcontains 78",
     "fd.num < 1",
     "fd.num >= 0",
     "fd.num != 3",

@@ -113,6 +113,12 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     help="Instead: exec- and open-heavy steps with the sensor off and on (its CPU cost).",
 )
 @click.option("--sensor-n", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@click.option(
+    "--drill",
+    is_flag=True,
+    help="With --sensor: every misbehaviour on every episode path; caught, false alarms, "
+    "alert -> frozen.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
@@ -134,6 +140,7 @@ async def bench(
     defense: bool,
     sensor: bool,
     sensor_n: int,
+    drill: bool,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -162,6 +169,12 @@ async def bench(
 
     if defense:
         await _bench_defense(ctx, n, idle, as_json)
+        return
+
+    if drill and not sensor:
+        fail("--drill is a mode of --sensor: corral bench --sensor --drill")
+    if sensor and drill:
+        await _bench_drill(ctx, as_json)
         return
 
     if sensor:
@@ -212,6 +225,20 @@ async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:
         "bench --sensor",
         4 * rounds,
         lambda tick: run_sensor(ctx.config, n=n, rounds=rounds, tick=tick),
+    )
+    _show(report, as_json, describe)
+
+
+async def _bench_drill(ctx: Context, as_json: bool) -> None:
+    from corral.bench_drill import describe, drill_total, run_drill
+
+    def say(message: str) -> None:
+        console.print(message, markup=False)  # stderr: --json's stdout stays clean
+
+    report = await _with_progress(
+        "bench --sensor --drill",
+        drill_total(),
+        lambda tick: run_drill(ctx.config, tick=tick, say=say),
     )
     _show(report, as_json, describe)
 

@@ -45,8 +45,10 @@ from policies.falco.grammar import (
     Value,
     field_ref,
 )
+from policies.falco.lint import condition_warnings
 from policies.falco.loader import (
     COMPILE_CONDITION,
+    COMPILE_CONDITION_WARNING,
     COMPILE_OUTPUT,
     DEPRECATED_ITEM,
     NO_EVTTYPE,
@@ -324,6 +326,8 @@ class _Builder:
     def _warn_compiled(self, entry: RuleEntry) -> None:
         rule = entry.info
         assert entry.expansion is not None
+        for message in condition_warnings(entry.expansion.node, self.registry):
+            self.load.warn(message, rule.ctx, COMPILE_CONDITION_WARNING)
         for name in sorted(set(fields_used(entry.expansion.node)) & set(_DEPRECATED_FIELDS)):
             self.load.warn(f"usage of deprecated field '{name}' in the condition", rule.ctx,
                            DEPRECATED_ITEM)  # fmt: skip

@@ -29,6 +29,7 @@ from policies.falco.event import Event, FdInfo, Process
 from policies.falco.fieldapi import FieldRegistry, FieldSpec, FieldType
 from policies.falco.fields import default_registry
 from policies.falco.grammar import ConditionParseError, parse_condition
+from policies.falco.lint import condition_warnings
 from policies.falco.loader import RuleLoadError
 
 CASES_DIR = Path(__file__).with_name("conformance")
@@ -162,6 +163,9 @@ def outcome(case: CompilerCase) -> tuple[str | bool, str]:
         return "refused", str(err)
     if isinstance(case.expect, bool):
         return bool(pred(libs_event(case.event) if case.event else None)), ""
+    warnings = condition_warnings(node, _REGISTRIES[case.mock])
+    if case.warnings is not None and len(warnings) != case.warnings:
+        return f"compiles with {len(warnings)} warnings, not {case.warnings}", "; ".join(warnings)
     return "compiles", ""
 
 

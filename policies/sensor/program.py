@@ -146,6 +146,14 @@ PROCESS_SYSCALLS = frozenset({"execve", "execveat", "chdir", "fchdir"})
 FD_PRODUCERS = frozenset({"open", "openat", "openat2", "creat", "socket", "connect",
                           "accept", "accept4", "bind"})  # fmt: skip
 FD_CONSUMERS = frozenset({"dup", "dup2", "dup3", "sendto", "sendmsg", "listen", "fchdir"})
+# Calls the sandbox's seccomp profile denies (sandbox/seccomp.py) that rules watch:
+# seccomp runs before sys_enter, so their enter probe never runs for a denied
+# call; their exit tracepoint still fires. The bpftrace program writes such an
+# exit with no saved arguments as a record of its own (return value only; the
+# arguments are unknown here); the compiled backend reads them from the caller's
+# registers (libbpf.RAW_EXIT_NRS).
+DENIED_SYSCALLS = frozenset({"mount", "umount", "umount2", "ptrace", "setns", "unshare",
+                             "init_module", "finit_module", "bpf"})  # fmt: skip
 # Falco event types served by the sched tracepoints rather than a syscall.
 SCHED_EVENTS = frozenset({"procexit", "clone", "clone3", "fork", "vfork"})
 
@@ -202,6 +210,8 @@ def generate(
     parts = [_header(), _sched_probes(cfg)]
     for name in syscalls:
         parts.append(_enter_probe(name, cfg))
+        if name in DENIED_SYSCALLS:
+            parts.append(_denied_exit_probe(name, cfg))  # first: it runs before the exit probe
         parts.append(_exit_probe(name, exe_details))
     return Program("\n".join(parts), tuple(syscalls), tuple(unavailable))
 
@@ -282,6 +292,17 @@ def _exit_value(i: int, arg: ArgSpec) -> tuple[list[str], str]:
         pre.append(f"  print(({REC_STR}, tid, {i}, buf(@a{i}[tid], $len{i})));")
         return pre, "0"
     return [], f"@a{i}[tid]"
+
+
+def _denied_exit_probe(name: str, cfg: FilterConfig) -> str:
+    """An exit whose enter never ran (seccomp denied the call): one record with
+    the return value and empty arguments."""
+    kn = f"curtask->cgroups->subsys[{cfg.subsys_index}]->cgroup->kn->id"
+    n_values = sum(2 if a.kind == HOW else 1 for a in SYSCALLS[name][:N_ARG_MAPS])
+    tail = ", 0" * n_values
+    return (f"tracepoint:syscalls:sys_exit_{name} /@cg[tid] == 0 && {_in_sandbox(cfg)}/ {{\n"
+            f"  print(({REC_SYSCALL}, nsecs, tid, pid, {kn}, uid, gid, comm, {CODES[name]}, "
+            f"args->ret{tail}));\n}}")  # fmt: skip
 
 
 def _exit_probe(name: str, exe_details: bool = True) -> str:

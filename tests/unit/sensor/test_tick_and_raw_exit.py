@@ -207,3 +207,12 @@ def test_no_raw_exit_off_x86_64(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lb.platform, "machine", lambda: "aarch64")
     args = lb.loader_args(["mount", "umount"], CFG, fields_of=_fields)
     assert "--raw-exit" not in args and args.count("--trace") == 2
+
+
+def test_bpftrace_writes_an_exit_whose_enter_seccomp_skipped() -> None:
+    text = pg.generate({"mount", "openat"}, CFG, lambda s: True).text
+    denied = text.index("tracepoint:syscalls:sys_exit_mount /@cg[tid] == 0 && (")
+    normal = text.index("tracepoint:syscalls:sys_exit_mount /@cg[tid]/")
+    assert denied < normal  # attached first: it runs before the exit probe deletes @cg
+    assert f"comm, {pg.CODES['mount']}, args->ret, 0, 0, 0));" in text[denied:normal]
+    assert "sys_exit_openat /@cg[tid] == 0" not in text  # only the calls seccomp denies

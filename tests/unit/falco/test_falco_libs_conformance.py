@@ -2,8 +2,9 @@
 
 The inputs live in ``conformance/libs_parser.yaml`` (every accept/reject input
 of libs' ``filter_parser.ut.cpp``) and ``conformance/libs_compiler.yaml`` (the
-filters of ``filter_compiler.ut.cpp`` and ``filter_transformer.ut.cpp``: does
-libs compile them, refuse them, or what do they evaluate to on a test event).
+filters of ``filter_compiler.ut.cpp``, ``filter_transformer.ut.cpp`` and
+``filterchecks/cmp_operator_modifiers.cpp``: does libs compile them, refuse
+them, or what do they evaluate to on a test event).
 A case this engine knowingly answers otherwise carries ``gap:`` (why); the test
 then expects the miss, so fixing it means deleting the note. A case refused on
 purpose (``refused_on_purpose: "<field>: <reason>"``) must be refused with an
@@ -148,6 +149,10 @@ def libs_event(name: str) -> Event:
     if name == "read_6_bytes":
         return Event("read", "<", tid=1, pid=1, num=1, proc=proc, res=0,
                      args={"fd": 0, "data": bytes([1, 2, 3, 4, 5, 6]), "size": 0})  # fmt: skip
+    if name == "execve_myexe":
+        proc = Process(pid=1, name="myexe", exe="/myexe", exepath="/myexe", args=[])
+        return Event("execve", "<", tid=1, pid=1, num=2, proc=proc, res=0,
+                     args={"res": 0, "exe": "/myexe", "args": ""})  # fmt: skip
     if name == "proc_exit":
         args = {"status": 0, "ret": 0, "sig": 0, "core": 0, "reaper_tid": 1}
         return Event("procexit", "<", tid=2, pid=2, num=1, proc=Process(pid=2), args=args)
@@ -206,7 +211,7 @@ def same_verdict(case: CompilerCase) -> bool:
 def rates() -> dict[str, tuple[int, int]]:
     """name -> (passed, total); "agrees" counts a refusal on purpose as passed."""
     out = {"libs parser": (sum(map(parser_agrees, PARSER)), len(PARSER))}
-    for source in ("filter_compiler", "filter_transformer", None):
+    for source in ("filter_compiler", "filter_transformer", "cmp_operator_modifiers", None):
         cases = [c for c in COMPILER if source in (None, c.source)]
         name = source or "compiler+transformer"
         out[f"{name}: agrees"] = (sum(map(compiler_agrees, cases)), len(cases))

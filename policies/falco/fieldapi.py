@@ -52,6 +52,8 @@ class FieldSpec:
     # Fields over both ends of a socket (fd.ip, fd.port, ...): the extractor returns
     # both values; ``=`` holds when either end equals, ``!=`` when neither does.
     both_ends: bool = False
+    # The argument is a number (proc.aname[2], fd.types[3]); anything else is refused.
+    index_arg: bool = False
 
 
 class FieldRegistry:

@@ -342,11 +342,12 @@ def _proc_fields() -> list[FieldSpec]:
         FieldSpec("proc.pcmdline", S, _parent(lambda p: p.cmdline)),
         FieldSpec("proc.pexe", S, _parent(lambda p: p.exe or None)),
         FieldSpec("proc.pexepath", S, _parent(lambda p: p.exepath or None)),
-        FieldSpec("proc.aname", S, _ancestor_field(name), OPT, "ancestor name; [0] is self"),
-        FieldSpec("proc.apid", N, _ancestor_field(lambda p: p.pid), OPT),
-        FieldSpec("proc.acmdline", S, _ancestor_field(lambda p: p.cmdline), OPT),
-        FieldSpec("proc.aexe", S, _ancestor_field(lambda p: p.exe), OPT),
-        FieldSpec("proc.aexepath", S, _ancestor_field(lambda p: p.exepath), OPT),
+        FieldSpec("proc.aname", S, _ancestor_field(name), OPT, "ancestor name; [0] is self",
+                  index_arg=True),
+        FieldSpec("proc.apid", N, _ancestor_field(lambda p: p.pid), OPT, index_arg=True),
+        FieldSpec("proc.acmdline", S, _ancestor_field(lambda p: p.cmdline), OPT, index_arg=True),
+        FieldSpec("proc.aexe", S, _ancestor_field(lambda p: p.exe), OPT, index_arg=True),
+        FieldSpec("proc.aexepath", S, _ancestor_field(lambda p: p.exepath), OPT, index_arg=True),
         FieldSpec("proc.duration", REL, _plain(lambda e: _duration(e.proc, e))),
         FieldSpec("proc.ppid.duration", REL, _plain(lambda e: _duration(e.proc.parent, e))),
         FieldSpec("proc.pid.ts", ABS, _plain(lambda e: e.proc.start_ts or None)),
@@ -516,7 +517,8 @@ def _fd_fields() -> list[FieldSpec]:
         FieldSpec("fd.sip.name", S, _fd(lambda f: None)),
         FieldSpec("fd.lip.name", S, _fd(lambda f: None)),
         FieldSpec("fd.rip.name", S, _fd(lambda f: None)),
-        FieldSpec("fd.types", S, _fd_types, OPT, "fd types of the process; [N] for fd N"),
+        FieldSpec("fd.types", S, _fd_types, OPT, "fd types of the process; [N] for fd N",
+                  index_arg=True),
     ]  # fmt: skip
 
 

@@ -76,6 +76,8 @@ def resolve_plain(registry: FieldRegistry, ref: FieldRef, ctx: ItemContext | Non
         raise FieldTypeError(f"field '{ref.name}' does not take an argument", ctx)
     if spec.arg is ArgKind.REQUIRED and arg is None:
         raise FieldTypeError(f"field '{ref.name}' requires an argument", ctx)
+    if spec.index_arg and arg is not None and not re.fullmatch(r"[0-9]+", arg):
+        raise FieldTypeError(f"field '{ref.name}' takes a numeric index, not '{arg}'", ctx)
     transformed_type(spec.type, ref, ctx)
     whole = spec.arg is ArgKind.OPTIONAL and arg is None
     is_list = (spec.type is FieldType.LIST or whole) and "len" not in ref.transformers

@@ -673,7 +673,10 @@ def to_text(node: Node, *, _top: bool = True) -> str:
         return f"{node.field.text()} {node.op}"
     if isinstance(node, BinaryCheck):
         op = f"{node.op} {node.modifier}" if node.modifier else node.op
-        return f"{node.field.text()} {op} {_rhs_text(node.value)}"
+        rhs = node.value
+        if (node.modifier or node.op in LIST_OPS) and isinstance(rhs, Value) and not rhs.quoted:
+            return f"{node.field.text()} {op} {rhs.text}"  # a list name, as written
+        return f"{node.field.text()} {op} {_rhs_text(rhs)}"
     if isinstance(node, MacroRef):
         return node.name
     if isinstance(node, Not):

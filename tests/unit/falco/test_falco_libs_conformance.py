@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ def _parses(text: str) -> bool:
     return True
 
 
+@cache
 def parser_agrees(case: ParserCase) -> bool:
     if not case.accept:
         return not _parses(case.text)
@@ -159,6 +161,7 @@ def libs_event(name: str) -> Event:
     raise KeyError(name)
 
 
+@cache
 def outcome(case: CompilerCase) -> tuple[str | bool, str]:
     """("compiles" | "refused" | the evaluation, the error message if refused)."""
     try:

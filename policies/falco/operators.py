@@ -53,22 +53,47 @@ def _glob_regex(pattern: str, flags: int = 0) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL | flags)
 
 
+def _components(path: str) -> tuple[str, ...]:
+    return tuple(c for c in path.split("/") if c)
+
+
 def _pmatch_test(paths: Sequence[str]) -> Callable[[Any], bool]:
-    prefixes = frozenset(p.rstrip("/") or "/" for p in paths)
+    """libsinsp's path prefix search: a path matches a pattern whose components
+    are a prefix of the path's, each component equal or (with ``*?[``) a glob."""
+    literal: set[tuple[str, ...]] = set()
+    globbed: list[tuple[Callable[[str], bool], ...]] = []
+    root = False
+    for p in paths:
+        comps = _components(p)
+        if not comps:
+            root = root or p.startswith("/")
+        elif any(ch in c for c in comps for ch in "*?["):
+            globbed.append(tuple(_component_test(c) for c in comps))
+        else:
+            literal.add(comps)
 
     def test(x: Any) -> bool:
         path = to_text(x)
-        if path in prefixes or ("/" in prefixes and path.startswith("/")):
+        if root and path.startswith("/"):
             return True
-        cut = path.rfind("/")
-        while cut > 0:
-            path = path[:cut]
-            if path in prefixes:
+        comps = _components(path)
+        for n in range(1, len(comps) + 1):
+            if comps[:n] in literal:
                 return True
-            cut = path.rfind("/")
+        for pattern in globbed:
+            head = comps[: len(pattern)]
+            if len(head) == len(pattern) and all(t(c) for t, c in zip(pattern, head, strict=True)):
+                return True
         return False
 
     return test
+
+
+def _component_test(component: str) -> Callable[[str], bool]:
+    if not any(ch in component for ch in "*?["):
+        return partial(operator.eq, component)
+    match = _glob_regex(component).fullmatch
+    return lambda c: match(c) is not None
 
 
 def _as_bytes(x: Any) -> bytes:

@@ -10,7 +10,8 @@ made here from ``program.SYSCALLS`` and this kernel's tracepoint formats
 bpftrace reads it). Programs of syscalls no rule needs are never loaded.
 
 Calls seccomp denies: the sandbox's profile (``sandbox/seccomp.py``) denies
-mount, umount2, ptrace, setns, unshare, the module calls and bpf before the
+mount, umount2, ptrace, setns, unshare, the module calls, bpf and userfaultfd
+before the
 per-syscall tracepoints fire, so their enter/exit programs never see an
 attempt. On x86_64 those syscalls (``RAW_EXIT_NRS``) are written instead by
 one raw ``sys_exit`` program that reads the arguments from the caller's
@@ -45,7 +46,8 @@ Fields = list[tuple[str, str]]  # (C type, name) of the tracepoint's arguments, 
 # one syscall there (166): its events are named umount2, as Falco names them,
 # unless only umount is wanted.
 RAW_EXIT_NRS = {"mount": 165, "umount": 166, "umount2": 166, "ptrace": 101, "setns": 308,
-                "unshare": 272, "init_module": 175, "finit_module": 313, "bpf": 321}  # fmt: skip
+                "unshare": 272, "init_module": 175, "finit_module": 313, "bpf": 321,
+                "userfaultfd": 323}  # fmt: skip
 # Their arguments, for a kernel without the syscall's tracepoint (no modules:
 # no init_module tracepoint); the names are the tracepoints' (program.SYSCALLS).
 RAW_EXIT_FIELDS: dict[str, Fields] = {
@@ -60,6 +62,7 @@ RAW_EXIT_FIELDS: dict[str, Fields] = {
     "init_module": [("void *", "umod"), ("unsigned long", "len"), ("const char *", "uargs")],
     "finit_module": [("int", "fd"), ("const char *", "uargs"), ("int", "flags")],
     "bpf": [("int", "cmd"), ("union bpf_attr *", "uattr"), ("unsigned int", "size")],
+    "userfaultfd": [("int", "flags")],
 }  # fmt: skip
 
 

@@ -153,7 +153,7 @@ FD_CONSUMERS = frozenset({"dup", "dup2", "dup3", "sendto", "sendmsg", "listen", 
 # arguments are unknown here); the compiled backend reads them from the caller's
 # registers (libbpf.RAW_EXIT_NRS).
 DENIED_SYSCALLS = frozenset({"mount", "umount", "umount2", "ptrace", "setns", "unshare",
-                             "init_module", "finit_module", "bpf"})  # fmt: skip
+                             "init_module", "finit_module", "bpf", "userfaultfd"})  # fmt: skip
 # Falco event types served by the sched tracepoints rather than a syscall.
 SCHED_EVENTS = frozenset({"procexit", "clone", "clone3", "fork", "vfork"})
 

@@ -384,9 +384,9 @@ out:
 /* ------------------------------------------------------------ calls seccomp denies */
 
 /* Seccomp runs before sys_enter: a call the sandbox's profile denies (mount,
- * ptrace, setns, unshare, bpf, the module calls) never reaches the per-syscall
- * enter tracepoint, so nothing is saved for its exit. The raw sys_exit
- * tracepoint still fires for it; for the syscall numbers in raw_nrs (given by
+ * ptrace, setns, unshare, bpf, userfaultfd, the module calls) never reaches
+ * the per-syscall enter tracepoint, so nothing is saved for its exit. The raw
+ * sys_exit tracepoint still fires for it; for the syscall numbers in raw_nrs (given by
  * the loader, whose per-syscall programs it then leaves out: one record per
  * call) this writes the record the exit program would, with the arguments
  * read from the caller's registers (still the call's: seccomp changed only
@@ -400,6 +400,8 @@ struct {
 } raw_nrs SEC(".maps");
 
 #if defined(__TARGET_ARCH_x86)
+#define TS_COMPAT_BIT 0x0002 /* arch/x86/include/asm/thread_info.h: TS_COMPAT */
+
 SEC("raw_tracepoint/sys_exit")
 int on_raw_exit(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -412,7 +414,12 @@ int on_raw_exit(struct bpf_raw_tracepoint_args *ctx)
 	__u32 *code = bpf_map_lookup_elem(&raw_nrs, &key);
 	if (!code || !*code)
 		return 0;
-	__u64 cgid = sandbox_cgid((struct task_struct *)bpf_get_current_task());
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	/* A 32-bit (int 0x80) call numbers syscalls another way: not these. */
+	if (bpf_core_field_exists(task->thread_info.status) &&
+	    (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT_BIT))
+		return 0;
+	__u64 cgid = sandbox_cgid(task);
 	if (!cgid)
 		return 0;
 	__u32 c = *code;

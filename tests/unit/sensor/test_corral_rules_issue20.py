@@ -1,0 +1,57 @@
+"""Corral's rules on the events issue 20 is about: busybox's exe re-exec is the
+agent's (only runc's own exe is the runtime), and calls seccomp denies alert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policies.falco.engine import RuleEngine
+from policies.falco.event import ContainerInfo, Event, FdInfo, Process
+from policies.falco.fields import default_registry
+
+RULES = Path(__file__).resolve().parents[3] / "policies/rules/corral_rules.yaml"
+BOX = ContainerInfo(full_id="a" * 64, image="busybox")
+RUNC = Process(pid=400, name="runc")
+
+
+@pytest.fixture(scope="module")
+def engine() -> RuleEngine:
+    return RuleEngine.from_files([RULES], default_registry(), strict=True, rule_matching="first")
+
+
+def rules(engine: RuleEngine, evt: Event) -> list[str]:
+    return [m.rule for m in engine.evaluate(evt)]
+
+
+def mount(proc: Process) -> Event:
+    args = {"dev": "none", "dir": "/mnt", "flags": 0}
+    return Event(type="mount", res=-1, proc=proc, container=BOX, args=args, num=1)
+
+
+def test_busybox_applet_exe_is_the_agent(engine: RuleEngine) -> None:
+    applet = Process(pid=501, vpid=7, name="exe", exe="sleep", args=["2"], parent=RUNC)
+    assert rules(engine, mount(applet)) == ["Mount in sandbox"]
+    write = Event(type="openat", res=3, proc=applet, container=BOX, num=1,
+                  args={"name": "/bin/e2", "flags": 0o1101},
+                  fd=FdInfo(num=3, type="file", name="/bin/e2", flags=0o1101))  # fmt: skip
+    assert rules(engine, write) == ["Write below binary dir in sandbox"]
+    orphan = Process(pid=502, vpid=9, name="exe")  # no known parent: no pass either
+    assert rules(engine, mount(orphan)) == ["Mount in sandbox"]
+
+
+def test_runcs_own_exe_stays_exempt(engine: RuleEngine) -> None:
+    by_argv = Process(pid=600, name="exe", exe="/proc/self/exe", args=["init"], parent=RUNC)
+    in_host_pidns = Process(pid=601, vpid=601, name="exe")  # seen mid-flight, argv gone
+    init = Process(pid=602, vpid=1, name="runc:[2:INIT]")
+    for proc in (by_argv, in_host_pidns, init):
+        assert rules(engine, mount(proc)) == [], proc.name
+
+
+def test_a_refused_ptrace_alerts_at_error(engine: RuleEngine) -> None:
+    sh = Process(pid=700, vpid=5, name="sh", parent=RUNC)
+    evt = Event(type="ptrace", res=-1, proc=sh, container=BOX, num=1,
+                args={"request": 16, "pid": 1})  # fmt: skip
+    (match,) = engine.evaluate(evt)
+    assert match.rule == "PTRACE denied in sandbox" and match.priority.name == "ERROR"

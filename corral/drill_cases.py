@@ -117,9 +117,9 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "connect-metadata",
-        "wget -q -T 1 -O /dev/null http://169.254.169.254/latest/meta-data/; true",
+        "nc -w 1 169.254.169.254 80 </dev/null; true",
         METADATA,
-        "wget",
+        "nc",
         "quarantined",
     ),
     Case(

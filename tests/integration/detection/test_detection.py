@@ -29,35 +29,66 @@ pytestmark = pytest.mark.integration
 WARM_PATHS = ("warm-interactive", "warm-lean", "stepwise", "hibernate-wake", "batch")
 COLD_PATHS = ("cold-interactive", "cold-lean")
 BATCH_N = 2
+LANE_CONCURRENCY = 4
 
 
 class PathRuns:
-    """Runs each path's jobs once (the first test that asks), then serves the records."""
+    """Runs every path's jobs once (from the first test that asks), then serves the records.
 
-    def __init__(self, corral: Corral) -> None:
-        self.drill = Drill(corral, concurrency=4, batch_n=BATCH_N)
+    Two lanes run side by side, each a path at a time with its own bound of
+    episodes: the warm paths (which claim pool sandboxes: one lane so that
+    the pool, refilled one sandbox at a time, keeps up) and the cold ones."""
+
+    def __init__(self, corral: Corral, paths: set[str]) -> None:
+        self.corral = corral
+        self.paths = paths  # those the selected tests use
         self.jobs = [Job.of(c) for c in runnable_cases()] + [benign_job()]
-        self._runs: dict[str, asyncio.Task[list[RunRecord]]] = {}
+        loop = asyncio.get_running_loop()
+        self._runs: dict[str, asyncio.Future[list[RunRecord]]] = {
+            path: loop.create_future() for path in PATHS
+        }
+        self._lanes: list[asyncio.Task[None]] = []
+
+    def _start(self) -> None:
+        warm = [p for p in PATHS if p in WARM_PATHS and p in self.paths]
+        cold = [p for p in PATHS if p not in WARM_PATHS and p in self.paths]
+        self._lanes = [asyncio.ensure_future(self._lane(paths)) for paths in (warm, cold)]
+
+    async def _lane(self, paths: list[str]) -> None:
+        drill = Drill(self.corral, concurrency=LANE_CONCURRENCY, batch_n=BATCH_N)
+        for path in paths:
+            try:
+                self._runs[path].set_result(await drill.run_path(path, self.jobs))
+            except Exception as err:
+                self._runs[path].set_exception(err)
 
     async def get(self, path: str) -> list[RunRecord]:
-        if path not in self._runs:
-            self._runs[path] = asyncio.ensure_future(self.drill.run_path(path, self.jobs))
-        return await self._runs[path]
+        if not self._lanes:
+            self._start()
+        return await asyncio.shield(self._runs[path])
 
     async def of(self, path: str, job: str) -> list[RunRecord]:
         records = [r for r in await self.get(path) if r.job == job]
         assert records, f"{path}: no episode ran {job}"
         return records
 
+    async def close(self) -> None:
+        await asyncio.gather(*self._lanes, return_exceptions=True)
+        for future in self._runs.values():
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: no "never retrieved" warning
+
 
 @pytest_asyncio.fixture(scope="session")
-async def path_runs(warm_corral: Corral) -> AsyncIterator[PathRuns]:
-    runs = PathRuns(warm_corral)
+async def path_runs(warm_corral: Corral, request: pytest.FixtureRequest) -> AsyncIterator[PathRuns]:
+    selected = {
+        item.callspec.params["path"]
+        for item in request.session.items
+        if hasattr(item, "callspec") and "path" in item.callspec.params
+    }
+    runs = PathRuns(warm_corral, selected)
     yield runs
-    for task in runs._runs.values():  # every episode ended before the leak check
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    await runs.close()  # every episode ended before the leak check
 
 
 def _describe(record: RunRecord) -> str:

@@ -152,3 +152,16 @@ def test_batch_summary_counts_and_percentiles() -> None:
     assert summary["failed_by_reason"] == {"step 0 exited 1": 2}
     assert summary["p50_s"] == 4.5 and summary["p99_s"] == 8.0
     assert batch_summary([], 0.0)["per_second"] == 0.0
+
+
+def test_the_episodes_sensor_verdict_is_the_first_step_not_judged() -> None:
+    from activities.models import StepResult
+    from workflows.episode import _sensor_verdict
+
+    def step(verdict: str) -> StepResult:
+        return StepResult(index=0, cmd="true", exit_code=0, sensor=verdict)
+
+    assert _sensor_verdict([step("ok"), step("ok"), "ok"]) == "ok"
+    assert _sensor_verdict([step("ok"), step("behind"), "gap"]) == "behind"
+    assert _sensor_verdict([step("off"), "off"]) == "off"
+    assert _sensor_verdict([step(""), ""]) == ""  # histories from before the watermark

@@ -1,0 +1,117 @@
+"""The watermark's two ends without a kernel: the node worker's client
+(activities/sensorwatch.py) against the sensor's socket service
+(workers/sensor_service.py) over a real unix socket, with a fake tracer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.sensorwatch import SensorDown, SensorWatch
+from workers.sensor_service import SensorService
+
+SANDBOX = "ab" * 32
+
+
+class FakeStats:
+    gaps = 0
+
+
+class FakeTracer:
+    """``tick`` answers what the test says; ``_ready`` is the tracer attached."""
+
+    def __init__(self) -> None:
+        self.stats = FakeStats()
+        self._ready = asyncio.Event()
+        self._ready.set()
+        self.answer = "ok"
+
+    async def tick(self, timeout_s: float) -> str:
+        return self.answer
+
+
+class FakePipeline:
+    def __init__(self) -> None:
+        self.pending: dict[str, int] = {}
+        self.actions: dict[str, set[str]] = {}
+
+    async def resolved(self, full_id: str, deadline: float) -> bool:
+        return True
+
+    async def delivered(self, full_id: str, deadline: float) -> bool:
+        loop = asyncio.get_running_loop()
+        while self.pending.get(full_id) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        return not self.pending.get(full_id)
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[SensorService, SensorWatch]]:
+    service = SensorService(FakeTracer(), FakePipeline(), tmp_path / "run" / "sensor-n.sock")
+    await service.start()
+    watch = SensorWatch(service.socket_path, enabled=True, required=True, settle_timeout_s=0.5)
+    yield service, watch
+    await service.stop()
+
+
+async def test_settle_answers_ok_with_the_sandboxes_decisions(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    service, watch = served
+    service.pipeline.actions[SANDBOX] = {"quarantine"}
+    verdict = await watch.settle(SANDBOX, await watch.require())
+    assert verdict.status == "ok" and verdict.stops_episode and verdict.clean
+
+
+async def test_settle_waits_for_pending_alerts_then_says_behind(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    service, watch = served
+    service.pipeline.pending[SANDBOX] = 1  # an alert that never gets delivered
+    verdict = await watch.settle(SANDBOX)
+    assert verdict.status == "behind" and not verdict.clean
+
+
+async def test_a_gap_since_the_step_started_is_reported(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    service, watch = served
+    gaps = await watch.require()
+    service.sensor.stats.gaps += 1  # the tracer restarted during the step
+    assert (await watch.settle(SANDBOX, gaps)).status == "gap"
+
+
+async def test_down_and_unsupported_tracers(served: tuple[SensorService, SensorWatch]) -> None:
+    service, watch = served
+    service.sensor.answer = "unsupported"  # bpftrace: no ticks
+    assert (await watch.settle(SANDBOX)).status == "unsupported"
+    service.sensor._ready.clear()
+    with pytest.raises(SensorDown, match="not attached"):
+        await watch.require()
+
+
+async def test_no_sensor_socket_refuses_commands_unless_allowed(tmp_path: Path) -> None:
+    sock = tmp_path / "missing.sock"
+    with pytest.raises(SensorDown, match="does not answer"):
+        await SensorWatch(sock, enabled=True, required=True, settle_timeout_s=1).require()
+    allowed = SensorWatch(sock, enabled=True, required=False, settle_timeout_s=1)
+    assert await allowed.require() == 0
+    assert (await allowed.settle(SANDBOX)).status == "down"
+    off = SensorWatch(sock, enabled=False, required=True, settle_timeout_s=1)
+    assert (await off.settle(SANDBOX)).status == "off"
+
+
+async def test_a_malformed_request_gets_an_error_not_a_crash(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    service, _ = served
+    reader, writer = await asyncio.open_unix_connection(str(service.socket_path))
+    writer.write(b'{"op": "settle"}\n')
+    await writer.drain()
+    answer: Any = await reader.readline()
+    writer.close()
+    assert b"bad request" in answer

@@ -227,6 +227,18 @@ _FIELD_CMP: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
+# libsinsp fields with their own comparison logic: no field on the right of them,
+# and not usable on the right (besides fd.ip/fd.net/fd.port-like ones over both ends).
+_CUSTOM_COMPARE = frozenset({
+    "evt.rawarg", "evt.around", "proc.apid", "proc.aname", "proc.aexe", "proc.aexepath",
+    "proc.acmdline", "proc.aenv", "fd.cip.name", "fd.sip.name", "fd.lip.name", "fd.rip.name",
+})  # fmt: skip
+
+
+def _custom_compare(fld: ResolvedField) -> bool:
+    return fld.spec.both_ends or fld.spec.name in _CUSTOM_COMPARE
+
+
 def _family(ftype: FieldType) -> str:
     if ftype in _TEXT:
         return "text"
@@ -250,6 +262,11 @@ def field_to_field(
     rhs = resolve_field(registry, check.value.field, ctx)
     if lhs.type is FieldType.IPNET:
         raise FieldTypeError("field type 'IPNET' doesn't support right-hand side fields", ctx)
+    if _custom_compare(lhs):
+        raise FieldTypeError(f"field '{lhs.spec.name}' doesn't support right-hand side fields", ctx)
+    if _custom_compare(rhs):
+        raise FieldTypeError(f"field '{rhs.spec.name}' can't be used as a right-hand side field",
+                             ctx)  # fmt: skip
     if _family(lhs.type) != _family(rhs.type):
         raise FieldTypeError(
             f"cannot compare {lhs.type.value} field '{check.field.text()}' with "

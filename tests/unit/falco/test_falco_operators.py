@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from falco_testkit import matches, rule, ruleset
 
+from policies.falco.compiler import compile_predicate
+from policies.falco.fields import default_registry
 from policies.falco.grammar import ConditionParseError, parse_condition, to_text
 from policies.falco.loader import RuleLoadError
 
@@ -219,3 +221,27 @@ def test_keywords_need_word_boundaries() -> None:
 )
 def test_transformers_like_libs(condition: str, event: dict[str, object], expected: bool) -> None:
     assert matches(condition, {"evt.type": "open", **event}) is expected
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [  # libsinsp: fields with their own comparison logic take no field on the right, nor go there
+        "fd.ip = val(fd.sip)",
+        "fd.sip = val(fd.ip)",
+        "fd.net = val(fd.snet)",
+        "proc.aname[2] = val(proc.name)",
+        "proc.name = val(proc.aname[1])",
+        "evt.rawarg.res = val(evt.rawres)",
+        "proc.name = val(evt.is_io)",  # a string against a bool
+        "proc.name = val(proc.pname)[x]",  # val() takes no [arg]
+    ],
+)
+def test_field_comparisons_libsinsp_refuses(condition: str) -> None:
+    with pytest.raises(RuleLoadError):
+        compile_predicate(parse_condition(condition), default_registry(), None)
+
+
+def test_field_comparisons_libsinsp_takes() -> None:
+    for condition in ("proc.vpid = val(proc.pid)", "fd.sip = val(fd.cip)",
+                      "tolower(proc.name) = toupper(proc.pname)"):  # fmt: skip
+        compile_predicate(parse_condition(condition), default_registry(), None)

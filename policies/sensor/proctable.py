@@ -116,8 +116,8 @@ class ProcessTable:
             self.procs[proc.pid] = new
             if self.stale.get(proc.pid) is proc:
                 self.stale[proc.pid] = new
-        self._epoch += 1
-        self._checked[proc.pid] = self._epoch
+            self._epoch += 1  # its children's parent links now lead to the old one
+            self._checked[proc.pid] = self._epoch
         return new
 
     def _latest(self, proc: Process) -> Process:

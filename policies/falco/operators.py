@@ -14,7 +14,7 @@ from policies.falco.fieldapi import FieldRegistry, FieldType
 from policies.falco.grammar import BinaryCheck, FieldValue, ListValue
 from policies.falco.loader import FieldTypeError, ItemContext, UnsupportedOperatorError
 from policies.falco.resolve import IP_TYPES, NUMERIC, ResolvedField
-from policies.falco.transformers import SEQ, Getter, make_getter, to_int, to_text
+from policies.falco.transformers import SEQ, Getter, ascii_lower, make_getter, to_int, to_text
 from policies.falco.typecheck import convert
 
 Predicate = Callable[[Any], bool]
@@ -121,14 +121,15 @@ def _string_test(op: str, v: str, ctx: ItemContext | None) -> Callable[[Any], bo
     if op == "contains":
         return lambda x: v in x
     if op == "icontains":
-        low = v.lower()
-        return lambda x: low in x.lower()
+        low = ascii_lower(v)
+        return lambda x: low in ascii_lower(x)
     if op == "startswith":
         return lambda x: x.startswith(v)
     if op == "endswith":
         return lambda x: x.endswith(v)
     if op in ("glob", "iglob"):
-        match = _glob_regex(v, re.IGNORECASE if op == "iglob" else 0).fullmatch
+        flags = re.IGNORECASE | re.ASCII if op == "iglob" else 0  # ASCII letters, as libsinsp
+        match = _glob_regex(v, flags).fullmatch
         return lambda x: match(x) is not None
     if op == "regex":
         try:
@@ -221,7 +222,7 @@ _FIELD_CMP: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
     "contains": lambda a, b: to_text(b) in to_text(a),
-    "icontains": lambda a, b: to_text(b).lower() in to_text(a).lower(),
+    "icontains": lambda a, b: ascii_lower(to_text(b)) in ascii_lower(to_text(a)),
     "startswith": lambda a, b: to_text(a).startswith(to_text(b)),
     "endswith": lambda a, b: to_text(a).endswith(to_text(b)),
 }

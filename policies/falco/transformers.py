@@ -15,6 +15,15 @@ Getter = Callable[[Any], Any]
 SEQ = (list, tuple)
 
 
+# libsinsp changes case byte by byte with C's toupper/tolower: ASCII letters only.
+_TO_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_TO_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def ascii_lower(text: str) -> str:
+    return text.translate(_TO_LOWER)
+
+
 def to_text(value: Any) -> str:
     """A scalar as Falco prints it."""
     if isinstance(value, str):
@@ -97,9 +106,9 @@ def transform(name: str, value: Any) -> Any:
         return [transform(name, v) for v in value]
     text = to_text(value)
     if name == "tolower":
-        return text.lower()
+        return ascii_lower(text)
     if name == "toupper":
-        return text.upper()
+        return text.translate(_TO_UPPER)
     if name == "basename":
         return text.rsplit("/", 1)[-1]
     try:  # b64 (libsinsp decodes without requiring the padding)

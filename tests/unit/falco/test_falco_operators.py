@@ -245,3 +245,11 @@ def test_field_comparisons_libsinsp_takes() -> None:
     for condition in ("proc.vpid = val(proc.pid)", "fd.sip = val(fd.cip)",
                       "tolower(proc.name) = toupper(proc.pname)"):  # fmt: skip
         compile_predicate(parse_condition(condition), default_registry(), None)
+
+
+def test_case_changes_ascii_letters_only() -> None:
+    # libsinsp changes case byte by byte (C's toupper): non-ASCII letters stay as they are
+    ev = {"proc.name": "straße-é"}
+    assert matches("toupper(proc.name) = STRAßE-é", ev)
+    assert not matches("proc.name icontains É", ev)
+    assert matches("proc.name iglob STRA*", ev)

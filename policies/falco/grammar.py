@@ -50,7 +50,7 @@ def is_modified_operator(text: str) -> bool:
 
 
 TRANSFORMERS = ("tolower", "toupper", "b64", "basename", "len")
-# Falco 0.44's transformers over several arguments (fields or quoted strings).
+# Falco 0.44's transformers over several arguments (see calls.py).
 CALLS = ("join", "concat", "getopt")
 
 _QUOTED = r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'"""

@@ -2,9 +2,9 @@
 
 The inputs live in ``conformance/libs_parser.yaml`` (every accept/reject input
 of libs' ``filter_parser.ut.cpp``) and ``conformance/libs_compiler.yaml`` (the
-filters of ``filter_compiler.ut.cpp``, ``filter_transformer.ut.cpp`` and
-``filterchecks/cmp_operator_modifiers.cpp``: does libs compile them, refuse
-them, or what do they evaluate to on a test event).
+filters of ``filter_compiler.ut.cpp``, ``filter_transformer.ut.cpp``,
+``filterchecks/cmp_operator_modifiers.cpp`` and ``filter_op_*.ut.cpp``: does
+libs compile them, refuse them, or what do they evaluate to on a test event).
 A case this engine knowingly answers otherwise carries ``gap:`` (why); the test
 then expects the miss, so fixing it means deleting the note. A case refused on
 purpose (``refused_on_purpose: "<field>: <reason>"``) must be refused with an

@@ -100,10 +100,14 @@ class ProcessTable:
             return proc
         if self._checked.get(pid) != self._epoch:
             proc = self._with_current_ancestors(proc)
-        if fresh or (comm and proc.name != comm):
+        # A rename is the main thread's (prctl(PR_SET_NAME), runc's stages) or an
+        # exec's. Other threads may carry names of their own (a JVM's, a browser's):
+        # the process keeps its name, as Falco's threads keep the comm they were
+        # cloned with, and alternating threads do not make a successor per event.
+        if fresh or (comm and proc.name != comm and tid == pid):
             proc = self.successor(proc)
             if comm:
-                proc.name = comm  # prctl(PR_SET_NAME) or exec
+                proc.name = comm
         return proc
 
     def successor(self, proc: Process, parent: Process | None = None) -> Process:

@@ -25,9 +25,10 @@ class FakeCgroups(CgroupMap):
 
 
 def rec(code: int, body: bytes, sc: int = 0, tid: int = 500, comm: str = "sh",
-        uid: int = 0) -> bytes:  # fmt: skip
+        uid: int = 0, pid: int | None = None) -> bytes:  # fmt: skip
     size = bp.HDR_SIZE + len(body)
-    return bp.HDR.pack(size, code, 0, sc, 0, tid, tid, 1_000, 17, uid, 0, comm.encode()) + body
+    pid = tid if pid is None else pid
+    return bp.HDR.pack(size, code, 0, sc, 0, tid, pid, 1_000, 17, uid, 0, comm.encode()) + body
 
 
 def openat(path: str, res: int = 3, **kw: Any) -> bytes:
@@ -153,3 +154,16 @@ def test_grandparent_exec_reaches_grandchildren() -> None:
     b, c = events[1], events[3]
     assert field(b, "proc.aname", "2") == "sh" and field(c, "proc.aname", "2") == "foo"
     assert field(c, "proc.pname") == "sh"
+
+
+def test_a_thread_with_a_name_of_its_own_does_not_rename_the_process() -> None:
+    p, (main, thread, main_again, renamed) = batch(
+        openat("/a"),
+        openat("/b", tid=501, pid=500, comm="worker-1"),  # a thread of 500
+        openat("/c"),
+        openat("/d", comm="server"),  # the main thread renames itself
+    )
+    assert main.proc is thread.proc is main_again.proc
+    assert field(thread, "proc.name") == "sh" and thread.tid == 501
+    assert field(renamed, "proc.name") == "server" and field(main, "proc.name") == "sh"
+    assert p.table.procs[500] is renamed.proc

@@ -461,6 +461,9 @@ class Parser:
         return exe_in_upper_layer(self.table.proc_root, proc.pid, proc.exepath)
 
     def _fork(self, d: list[Any]) -> Event | None:
+        # The parent's name first (busybox renames itself after exec'ing
+        # /proc/self/exe): the child starts as the parent is at the fork.
+        self.table.note_name(d[3], d[2], d[7])
         self.table.on_fork(d[3], d[HDR], d[1])
         if self.wanted is not None and "clone" not in self.wanted:
             return None

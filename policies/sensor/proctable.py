@@ -78,6 +78,13 @@ class ProcessTable:
         if len(self._forks) > MAX_PENDING_FORKS:
             self._forks.popitem(last=False)
 
+    def note_name(self, pid: int, tid: int, comm: str) -> None:
+        """A record (not an event) said what a known process's main thread is
+        called now: a rename makes a successor, as ``lookup`` would."""
+        proc = self.procs.get(pid)
+        if proc is not None and comm and tid == pid and proc.name != comm:
+            self.successor(proc).name = comm
+
     def on_exit(self, tid: int, pid: int) -> Process | None:
         self._forks.pop(tid, None)
         if tid != pid:

@@ -167,3 +167,20 @@ def test_a_thread_with_a_name_of_its_own_does_not_rename_the_process() -> None:
     assert field(thread, "proc.name") == "sh" and thread.tid == 501
     assert field(renamed, "proc.name") == "server" and field(main, "proc.name") == "sh"
     assert p.table.procs[500] is renamed.proc
+
+
+def test_a_rename_seen_only_on_the_fork_record_reaches_the_child() -> None:
+    # busybox: exec /proc/self/exe (comm "exe"), prctl to "sh", fork, the child
+    # (a cat) reads: its parent is sh, though sh made no event since the rename.
+    p = BinaryParser(FakeCgroups(), ProcessTable(proc_root="/nonexistent"), {"openat"})
+    p.table.procs[400] = p.table.from_proc(400, "runc")
+    out: list[Event] = []
+    data = (
+        fork(400, 500, "runc")
+        + execve("/proc/self/exe", ["sh", "-c", "cat x"], "exe", old_comm="runc")
+        + fork(500, 600, comm="sh")
+        + openat("/etc/shadow", tid=600, comm="cat")
+    )
+    p.feed_bytes(data, out)
+    (read,) = out
+    assert field(read, "proc.pname") == "sh" and field(read, "proc.name") == "cat"

@@ -60,7 +60,11 @@ COLD_MEMORY_MB = 513  # one MiB over the pool's shape: every such episode is pro
 # once its commands have run, and how long the benign corpus' alerts may trail.
 DECIDE_CAP_S = 20.0
 BENIGN_SETTLE_S = 2.0
-RESULT_CAP_S = 120.0
+RESULT_CAP_S = 60.0
+# However an episode behaves (a step hung in a sandbox frozen without a decision),
+# its watch ends after this long and the drill moves on.
+WATCH_CAP_S = 150.0
+SCRIPTED_EXTRA_S = 40.0  # a scripted episode provisions and runs its (short) steps meanwhile
 HIBERNATE_AFTER_S = 1.5
 PROCESS = re.compile(r"\bprocess=(\S+)")
 
@@ -433,11 +437,14 @@ class Drill:
             run_group(self.corral, task, policy, size=len(jobs), max_steps=max_steps)
         )
         try:
-            with contextlib.suppress(EpisodeError, CorralError):
-                await group
+            # Bounded: a rollout whose step hangs is ended by its watcher (or not at all).
+            await asyncio.wait({group}, timeout=WATCH_CAP_S + 2 * RESULT_CAP_S)
         finally:
             for event in events.values():
                 event.set()
+            group.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await group
         records = []
         for index, job in enumerate(jobs):
             if index in watches:
@@ -464,7 +471,7 @@ class Drill:
             return list(await asyncio.gather(*(self._watched(path, w) for w in watches)))
         finally:
             batch.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await batch
 
     # -------------------------------------------------------------- watching
@@ -491,7 +498,7 @@ class Drill:
         finally:
             if watch.drive is not None:
                 watch.drive.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(Exception, asyncio.CancelledError):
                     await watch.drive
         if result is not None:
             record.reason = result.reason
@@ -527,9 +534,12 @@ class Drill:
         case = watch.job.case
         cap = self.decide_cap_s if case is not None else BENIGN_SETTLE_S
         if not watch.interactive:
-            cap += RESULT_CAP_S  # the episode runs its steps meanwhile; it ends by itself
+            cap += SCRIPTED_EXTRA_S  # it ends by itself once its steps ran
         deadline: float | None = None
+        hard_deadline = time.monotonic() + WATCH_CAP_S
         while True:
+            if time.monotonic() > hard_deadline:
+                return "undecided", None
             status = await _status(watch.episode)
             if status is not None:
                 if status.state == "quarantined":
@@ -552,13 +562,13 @@ class Drill:
 
     async def _end(self, watch: _Watch, observed: str) -> EpisodeResult | None:
         episode = watch.episode
-        if observed == "quarantined" or (observed == "undecided" and not watch.interactive):
+        if observed in ("quarantined", "undecided"):
             # On-call's part: a quarantined episode waits for release or kill.
             with contextlib.suppress(CorralError):
                 await episode.kill(reason="drill: quarantine seen", by="drill")
         elif observed != "closed" and watch.interactive:
             if watch.drive is not None:
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(watch.drive), 60)
             try:
                 await episode.finish()
@@ -602,7 +612,7 @@ async def _end_quietly(episode: Episode) -> None:
     with contextlib.suppress(Exception):
         await episode.kill(reason="drill cleanup", by="drill")
     with contextlib.suppress(Exception):
-        await episode.result(timeout_s=RESULT_CAP_S)
+        await episode.result(timeout_s=15)
 
 
 # --------------------------------------------------------------------- summing

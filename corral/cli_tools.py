@@ -119,6 +119,11 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     help="With --sensor: every misbehaviour on every episode path; caught, false alarms, "
     "alert -> frozen.",
 )
+@click.option(
+    "--watermark",
+    is_flag=True,
+    help="With --sensor: what waiting for the sensor's verdict costs a one-step episode (--n).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
@@ -141,6 +146,7 @@ async def bench(
     sensor: bool,
     sensor_n: int,
     drill: bool,
+    watermark: bool,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -175,6 +181,11 @@ async def bench(
         fail("--drill is a mode of --sensor: corral bench --sensor --drill")
     if sensor and drill:
         await _bench_drill(ctx, as_json)
+        return
+    if watermark and not sensor:
+        fail("--watermark is a mode of --sensor: corral bench --sensor --watermark")
+    if sensor and watermark:
+        await _bench_watermark(ctx, n, concurrency, as_json)
         return
 
     if sensor:
@@ -225,6 +236,17 @@ async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:
         "bench --sensor",
         4 * rounds,
         lambda tick: run_sensor(ctx.config, n=n, rounds=rounds, tick=tick),
+    )
+    _show(report, as_json, describe)
+
+
+async def _bench_watermark(ctx: Context, n: int, concurrency: int, as_json: bool) -> None:
+    from corral.bench_watermark import describe, run_watermark
+
+    report = await _with_progress(
+        "bench --sensor --watermark",
+        n,
+        lambda tick: run_watermark(ctx.config, n=n, concurrency=concurrency, tick=tick),
     )
     _show(report, as_json, describe)
 

@@ -93,7 +93,9 @@ async def test_only_this_nodes_sandboxes_are_reported(engine: RuleEngine) -> Non
 async def test_owner_is_read_when_the_alert_is_sent(engine: RuleEngine) -> None:
     """A warm-pool sandbox is claimed by relabelling: the cached labels are stale."""
     poster = FakePoster()
-    p = pipeline(engine, poster, {MINE: ContainerInfo(full_id=MINE, labels={"corral.pool": "warm"})})
+    p = pipeline(
+        engine, poster, {MINE: ContainerInfo(full_id=MINE, labels={"corral.pool": "warm"})}
+    )
     await p.containers.refresh()
     p.containers.on_node[MINE] = ContainerInfo(
         full_id=MINE, labels={"corral.pool": "taken", "corral.workflow_id": "ep-claimed"}
@@ -203,7 +205,8 @@ async def test_poster_retries_5xx_and_404_and_enforces_final_refusals(
         await poster.drain()
         assert outcomes == ["delivered", "enforced", "enforced"]
         assert [reason.split(":")[0] for _, reason in enforced.calls] == [
-            "episode closed", "refused 400"
+            "episode closed",
+            "refused 400",
         ]
         assert poster.stats.enforced == 2 and poster.stats.held == 0
         assert set(seen) == {"Bearer tok"}

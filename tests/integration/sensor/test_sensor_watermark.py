@@ -12,11 +12,13 @@ import asyncio
 import os
 import shutil
 import signal
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from sensor_helpers import FakeSandbox
 
 from policies.falco.engine import Match, RuleEngine
 from policies.falco.event import ContainerInfo, Event
@@ -41,6 +43,7 @@ REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "policies/rules/corral_rules.yaml"
 CAP_S = 60.0
 EPERM = 1
+ESRCH = 3
 
 
 @dataclass
@@ -131,3 +134,42 @@ async def test_a_killed_loader_is_a_counted_gap(box: Box) -> None:
     assert box.sensor.stats.gaps == gaps + 1 and box.sensor.stats.restarts == restarts + 1
     assert await box.step("echo z > /tmp/after") == 0
     assert any(e.fd is not None and e.fd.name == "/tmp/after" for e in box.events)
+
+
+PTRACE_ATTACH = (
+    "import ctypes; libc = ctypes.CDLL(None); libc.ptrace.restype = ctypes.c_long; "
+    "libc.ptrace(16, 0x3fffffff, 0, 0)"  # PTRACE_ATTACH to no such pid: ESRCH, nothing stops
+)
+
+
+async def test_ptrace_attempt_goes_through_the_raw_exit_and_alerts() -> None:
+    """ptrace's enter/exit pair is not attached (the raw exit writes it): a refused
+    attach from a (fake) sandbox cgroup is one record with its arguments."""
+    if lb.loader_path() is None:
+        pytest.skip(f"the compiled sensor is not built in {lb.build_dir()} (scripts/setup.sh)")
+    engine = RuleEngine.from_files([RULES], default_registry(), strict=True,
+                                   rule_matching="first")  # fmt: skip
+    fake = FakeSandbox()
+    info = ContainerInfo(full_id=fake.full_id, name="fake", image="python")
+    sensor = Sensor(engine.event_types(), resolver=DictResolver({fake.full_id: info}),
+                    backend="libbpf")  # fmt: skip
+    seen: list[tuple[Event, list[str]]] = []
+
+    def on_event(evt: Event) -> None:
+        if evt.type == "ptrace" and evt.container and evt.container.full_id == fake.full_id:
+            seen.append((evt, [m.rule for m in engine.evaluate(evt)]))
+
+    sensor.add_callback(on_event)
+    try:
+        await sensor.start()
+        await sensor.wait_ready(timeout=CAP_S)
+        out = await asyncio.to_thread(fake.run, f"{sys.executable} -c '{PTRACE_ATTACH}'")
+        assert out.returncode == 0, out.stderr
+        assert await sensor.tick(CAP_S) == "ok"
+        assert len(seen) == 1, seen
+        evt, rules = seen[0]
+        assert evt.res == -ESRCH and evt.args["pid"] == 0x3FFFFFFF
+        assert rules == ["PTRACE denied in sandbox"]
+    finally:
+        await sensor.stop()
+        fake.remove()

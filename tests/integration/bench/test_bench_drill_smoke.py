@@ -78,8 +78,9 @@ async def test_drill_report_keys_and_sums(stack: Stack) -> None:
 
 
 def test_drill_needs_sensor_mode() -> None:
-    from corral.cli import cli
+    from corral.cli import _register, cli
 
+    _register()  # what corral.cli.main does before it runs the group
     result = CliRunner().invoke(cli, ["bench", "--drill"])
     assert result.exit_code != 0
     assert "--sensor" in result.output

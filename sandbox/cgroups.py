@@ -95,3 +95,25 @@ class ElasticCpu:
                 self._running[sandbox_id] = left
             else:
                 set_shares(sandbox_id, IDLE_SHARES, self._root)
+
+
+def thaw_directly(sandbox_id: str, root: Path = CGROUP_ROOT) -> bool:
+    """Thaw a frozen sandbox through the cgroup filesystem, around its shim.
+
+    A sandbox frozen while ``runc exec`` was starting a process in it holds
+    that process (already in the sandbox's cgroups) frozen, and ``runc exec``
+    waits for it forever; the shim then answers nothing more for the sandbox.
+    Writing the freezer directly lets ``runc exec`` finish, so the kill and
+    delete that follow can run. Returns whether it was frozen. cgroup v1
+    (``freezer.state``) or v2 (``cgroup.freeze``).
+    """
+    v1 = cgroup_dir(sandbox_id, "freezer", root) / "freezer.state"
+    v2 = root / CGROUP_PARENT.strip("/") / sandbox_id / "cgroup.freeze"
+    with contextlib.suppress(OSError):
+        if v1.exists() and v1.read_text().strip() != "THAWED":
+            v1.write_text("THAWED")
+            return True
+        if v2.exists() and v2.read_text().strip() == "1":
+            v2.write_text("0")
+            return True
+    return False

@@ -28,6 +28,7 @@ from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
 from sandbox._gen.containerd.api.types.task import task_pb2
 from sandbox._gen.containerd.runtime.v2.runc.options import oci_pb2
+from sandbox.cgroups import thaw_directly
 from sandbox.connection import DEFAULT_SNAPSHOTTER, Connection
 from sandbox.errors import (
     ContainerdUnavailable,
@@ -509,6 +510,9 @@ class Containerd:
         return removed
 
     async def _kill_and_delete_task(self, sandbox_id: str) -> bool:
+        # First, around the shim: a `runc exec` frozen mid-start blocks it (its
+        # processes die right after, so thawing a frozen sandbox here is harmless).
+        thaw_directly(sandbox_id)
         task = await self._get_task(sandbox_id)
         if task is None:
             return False

@@ -52,3 +52,19 @@ def test_busy_shares_are_bounded() -> None:
     assert busy_shares(0.001) == IDLE_SHARES
     assert busy_shares(1) == 1024
     assert busy_shares(10_000) == 262_144
+
+
+def test_thaw_directly_writes_the_freezer_of_either_cgroup_version(tmp_path: Path) -> None:
+    from sandbox.cgroups import thaw_directly
+
+    v1 = tmp_path / "v1" / "freezer" / "corral" / "abc" / "freezer.state"
+    v1.parent.mkdir(parents=True)
+    v1.write_text("FROZEN\n")
+    assert thaw_directly("abc", root=tmp_path / "v1") and v1.read_text() == "THAWED"
+    assert not thaw_directly("abc", root=tmp_path / "v1")  # already thawed: nothing to do
+
+    v2 = tmp_path / "v2" / "corral" / "abc" / "cgroup.freeze"
+    v2.parent.mkdir(parents=True)
+    v2.write_text("1\n")
+    assert thaw_directly("abc", root=tmp_path / "v2") and v2.read_text() == "0"
+    assert not thaw_directly("gone", root=tmp_path / "v2")  # no cgroup: the sandbox is gone

@@ -500,7 +500,8 @@ def _served_metrics(
         lambda: {"seen": s.events, "lost": s.lost, "dropped": s.dropped,
                  "evaluated": p.evaluated, "matched": p.matches,
                  "suppressed": pipeline.limiter.suppressed, "delivered": a.delivered,
-                 "enforced": a.enforced, "held": a.held, "gaps": getattr(s, "gaps", 0)},
+                 "enforced": a.enforced, "held": a.held, "gaps": s.gaps,
+                 "ticks": s.ticks, "ticks_behind": s.ticks_behind},
         {"node": node},
     )  # fmt: skip
     return metrics
@@ -532,9 +533,10 @@ async def _housekeeping(
 def _log_stats(sensor: Any, pipeline: NodePipeline, poster: AlertPoster, node: str) -> None:
     s, p, a = sensor.stats, pipeline.stats, poster.stats
     log.info(
-        "stats %s: events=%d lost=%d dropped=%d gaps=%d evaluated=%d foreign=%d matches=%d "
-        "suppressed=%d queued=%d delivered=%d enforced=%d held=%d retries=%d frozen=%d "
-        "latency=%s", node, s.events, s.lost, s.dropped, getattr(s, "gaps", 0), p.evaluated,
+        "stats %s: events=%d lost=%d dropped=%d gaps=%d ticks=%d/%d behind evaluated=%d "
+        "foreign=%d matches=%d suppressed=%d queued=%d delivered=%d enforced=%d held=%d "
+        "retries=%d frozen=%d latency=%s", node, s.events, s.lost, s.dropped, s.gaps, s.ticks,
+        s.ticks_behind, p.evaluated,
         p.foreign, p.matches, pipeline.limiter.suppressed, a.queued, a.delivered, a.enforced,
         a.held, a.retries, pipeline.enforcer.frozen if pipeline.enforcer else 0,
         a.percentiles() or "-",

@@ -41,11 +41,10 @@ class SensorService:
         self.socket_path.unlink(missing_ok=True)
 
     def gaps(self) -> int:
-        return int(getattr(self.sensor.stats, "gaps", 0))
+        return int(self.sensor.stats.gaps)
 
     def attached(self) -> bool:
-        ready = getattr(self.sensor, "_ready", None)
-        return bool(ready is not None and ready.is_set())
+        return bool(self.sensor.attached())
 
     async def ping(self) -> dict[str, Any]:
         return {"status": "ok" if self.attached() else "down", "gaps": self.gaps()}
@@ -53,8 +52,7 @@ class SensorService:
     async def settle(self, sandbox_id: str, timeout_s: float, gaps: int | None) -> dict[str, Any]:
         self.settles += 1
         deadline = time.monotonic() + timeout_s
-        tick = getattr(self.sensor, "tick", None)
-        status = await tick(timeout_s) if tick is not None else "unsupported"
+        status = await self.sensor.tick(timeout_s)
         if status in ("ok", "unsupported"):
             # Whatever the tracer handed over: judged, and its alerts in.
             judged = await self.pipeline.resolved(sandbox_id, deadline)

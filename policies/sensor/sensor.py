@@ -203,6 +203,10 @@ class Sensor:
             self._task = None
         self._ready.clear()
 
+    def attached(self) -> bool:
+        """The tracer is attached and proven live (its probes fire)."""
+        return self._ready.is_set()
+
     async def tick(self, timeout_s: float) -> str:
         """The watermark: "ok" once every record the kernel wrote before this
         call has been parsed and its events delivered to the callbacks;

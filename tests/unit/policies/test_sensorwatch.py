@@ -22,7 +22,7 @@ class FakeStats:
 
 
 class FakeTracer:
-    """``tick`` answers what the test says; ``_ready`` is the tracer attached."""
+    """``tick`` answers what the test says; ``attached`` follows ``_ready``."""
 
     def __init__(self) -> None:
         self.stats = FakeStats()
@@ -32,6 +32,9 @@ class FakeTracer:
 
     async def tick(self, timeout_s: float) -> str:
         return self.answer
+
+    def attached(self) -> bool:
+        return self._ready.is_set()
 
 
 class FakePipeline:

@@ -8,7 +8,7 @@ APT_PACKAGES=(
   containerd runc crun catatonit tini busybox-static bpftrace iproute2 nftables debootstrap umoci
   golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev util-linux procps
   docker-registry apache2-utils
-  btrfs-progs gcc libc6-dev
+  btrfs-progs gcc libc6-dev golang-go
   clang llvm libbpf-dev libelf-dev zlib1g-dev bpftool make
   chromium prometheus nginx-light
 )
@@ -57,6 +57,17 @@ if ! make -q -C policies/sensor/bpf OUT="$sensor_bpf" >/dev/null 2>&1; then
   echo "setup: building the compiled sensor into $sensor_bpf"
   make -s -C policies/sensor/bpf OUT="$sensor_bpf" ||
     echo "setup: the compiled sensor did not build; the sensor will use bpftrace"
+fi
+
+# The exec agent (agent/: static Go, standard library only), built into the cache,
+# never committed; sandboxes get it only with workers.exec_agent on (docs/agent.md).
+agent_bin="${CORRAL_CACHE_DIR:-$PWD/.cache}/agent/corral-agent"
+if [[ ! -x $agent_bin || -n $(find agent \( -name '*.go' -o -name go.mod \) -newer "$agent_bin" | head -1) ]]; then
+  echo "setup: building the exec agent into $agent_bin"
+  mkdir -p "$(dirname "$agent_bin")"
+  (cd agent && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$agent_bin.tmp" . &&
+    mv "$agent_bin.tmp" "$agent_bin") ||
+    echo "setup: the exec agent did not build; sandboxes run without it"
 fi
 
 # bpftrace needs tracefs, which these machines do not mount at boot.

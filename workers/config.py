@@ -111,6 +111,9 @@ class WorkersConfig(_Strict):
     metrics_port_base: int = 9460
     # image -> ready sandboxes each node keeps (see activities/pool.py)
     warm_pool: dict[str, int] = Field(default_factory=dict)
+    # The exec agent as every new sandbox's PID 1, steps and files through it
+    # (docs/agent.md); off by default.
+    exec_agent: bool = False
 
     @field_validator("warm_pool", mode="before")
     @classmethod
@@ -293,6 +296,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_METRICS_PORT_BASE": ("workers", "metrics_port_base"),
     "CORRAL_WORKFLOW_TASK_QUEUE": ("workers", "workflow_task_queue"),
     "CORRAL_WARM_POOL": ("workers", "warm_pool"),
+    "CORRAL_EXEC_AGENT": ("workers", "exec_agent"),
     "CORRAL_NODES": ("nodes", "count"),
     "CORRAL_SHIM_GROUP_SIZE": ("nodes", "shim_group_size"),
     "CORRAL_INTAKE_PORT": ("intake", "port"),

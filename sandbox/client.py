@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
-from sandbox import network, quota, shimns, userns, volumes
+from sandbox import agent, network, quota, shimns, userns, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.namespaces.v1 import namespace_pb2
@@ -65,6 +65,7 @@ IMAGE_LABEL = "corral.image"
 RUNTIME_LABEL = "corral.runtime"
 NETWORK_LABEL = "corral.network"
 ALIVE = {task_pb2.RUNNING, task_pb2.PAUSED, task_pb2.PAUSING}
+AGENT_HELLO_TIMEOUT_S = 10.0
 
 Undo = Callable[[], Awaitable[Any]]
 
@@ -80,8 +81,11 @@ class Containerd:
         workspace_root: Path | None = None,
         uid_pool: userns.UidPool | None = None,
         shim_groups: ShimGroups | None = None,
+        exec_agent: bool = False,
     ) -> None:
         self._conn = conn
+        # New sandboxes get the exec agent as PID 1 (sandbox/agent.py, docs/agent.md).
+        self.exec_agent = exec_agent
         # Sandboxes without an explicit shim group share shims by tenant (shimgroups.py).
         self._shim_groups = shim_groups
         self._shim_groups_adopted = False
@@ -92,6 +96,7 @@ class Containerd:
         # Node layout (workers.config): <node>/containerd/containerd.sock, <node>/network.
         self.network_state_dir = Path(network_state_dir or socket_dir.parent / "network")
         self.workspace_root = Path(workspace_root or socket_dir / "workspaces")
+        self.agent_dir = socket_dir / "agent"  # the agents' channel FIFOs, one dir a sandbox
         # containerd's root dir in that layout: the snapshotter's quota filesystem is there.
         self._containerd_root = socket_dir / "root"
         # The snapshotter's filesystem, read once: /proc/self/mountinfo grows with
@@ -113,6 +118,7 @@ class Containerd:
         uid_pool: userns.UidPool | None = None,
         shim_group_size: int = 1,
         timeout_s: float = 5.0,
+        exec_agent: bool = False,
     ) -> Containerd:
         """Connect to containerd at ``socket``.
 
@@ -122,7 +128,8 @@ class Containerd:
         ``<socket dir>/../network``, the node activity's ``<node_dir>/network``);
         workspace volumes to ``workspace_root`` (default ``<socket dir>/workspaces``).
         With ``shim_group_size`` above 1, up to that many sandboxes of one tenant
-        share a runc shim (``sandbox.shimgroups``).
+        share a runc shim (``sandbox.shimgroups``). With ``exec_agent``, new
+        sandboxes run the exec agent as PID 1 (``sandbox.agent``).
         """
         conn = Connection(socket, namespace, snapshotter, runc_root)
         try:
@@ -143,6 +150,7 @@ class Containerd:
             workspace_root=Path(workspace_root) if workspace_root else None,
             uid_pool=uid_pool,
             shim_groups=ShimGroups(shim_group_size) if shim_group_size > 1 else None,
+            exec_agent=exec_agent,
         )
 
     @property
@@ -181,6 +189,10 @@ class Containerd:
         """Create and start a sandbox; return the existing one if it is already alive."""
         validate_sandbox_id(sandbox_id)
         _check_host_support(spec)
+        if self.exec_agent and not agent.agent_binary().is_file():
+            raise InvalidSpec(
+                f"exec agent is on but {agent.agent_binary()} is missing: run scripts/setup.sh"
+            )
         self._check_disk_quota(spec)
         # Two concurrent creates of one id in this process: the second waits and
         # then finds the first one's sandbox alive.
@@ -197,6 +209,8 @@ class Containerd:
                 RUNTIME_LABEL: spec.runtime,
                 NETWORK_LABEL: spec.network,
             }
+            if self.exec_agent:
+                all_labels[agent.AGENT_LABEL] = "1"
             groups = self._shim_groups
             if groups is not None and spec.shim_group is None:
                 await self._adopt_shim_groups(groups)
@@ -279,12 +293,18 @@ class Containerd:
                     )
                 )
             step = "container"
+            channel = None
+            if agent.AGENT_LABEL in labels:
+                channel_dir = self.agent_dir / sandbox_id
+                undo_stack.append(lambda: _forget_agent(channel_dir))
+                channel = agent.AgentChannel.prepare(channel_dir)
             oci_spec = build_oci_spec(
                 sandbox_id,
                 spec,
                 workspace_source=workspace,
                 userns=mapping,
                 io_device=self._snapshotter()[1],
+                agent=agent.agent_binary() if channel is not None else None,
             )
             container = _container_record(
                 sandbox_id,
@@ -302,11 +322,19 @@ class Containerd:
             undo_stack.append(lambda: self._delete_container(sandbox_id))
             step = "task"
             created = await conn.tasks.Create(
-                tasks_pb2.CreateTaskRequest(container_id=sandbox_id, rootfs=mounts),
+                tasks_pb2.CreateTaskRequest(
+                    container_id=sandbox_id,
+                    rootfs=mounts,
+                    # The agent's channel: its stdin and stdout are host FIFOs.
+                    stdin=channel.stdin_path if channel is not None else "",
+                    stdout=channel.stdout_path if channel is not None else "",
+                    # The shim needs all three; PID 1's command writes to this one.
+                    stderr=os.devnull if channel is not None else "",
+                ),
                 metadata=conn.md(),
             )
             undo_stack.append(lambda: self._kill_and_delete_task(sandbox_id))
-            if spec.init in HOST_INITS:
+            if spec.init in HOST_INITS or channel is not None:
                 # Under an init a missing command is no runc error: the init starts, fails to
                 # exec it and exits. Look for it in the rootfs first instead, as PID 1
                 # (created, not started) sees it: the rootfs is mounted in its shim's
@@ -316,6 +344,11 @@ class Containerd:
             started = await conn.tasks.Start(
                 tasks_pb2.StartRequest(container_id=sandbox_id), metadata=conn.md()
             )
+            if channel is not None:
+                step = "agent"
+                channel.start()
+                agent.register(channel)
+                await _agent_hello(sandbox_id, channel)
             if spec.network == "allowlist":
                 step = "network"
                 # Undo before the call: a half-made attachment is removed by detach too.
@@ -323,8 +356,10 @@ class Containerd:
                     lambda: network.detach_network(sandbox_id, self.network_state_dir)
                 )
                 await self._attach_network(sandbox_id, started.pid, spec)
-        except (grpc.aio.AioRpcError, SandboxError) as err:
+        except (grpc.aio.AioRpcError, SandboxError, OSError) as err:
             await _roll_back(undo_stack)
+            if isinstance(err, OSError):
+                err = SandboxError(f"create sandbox {sandbox_id!r} ({step}): {err}")
             raise _start_error(sandbox_id, step, err) from err
         except BaseException:
             await asyncio.shield(_roll_back(undo_stack))
@@ -507,7 +542,12 @@ class Containerd:
         removed = await self._delete_container(sandbox_id) or removed
         removed = await self._remove_snapshot(sandbox_id) or removed
         removed = await volumes.remove_workspace(self.workspace_root, sandbox_id) or removed
+        agent.forget(self.agent_dir / sandbox_id)
         return removed
+
+    def agent_channel(self, sandbox_id: str) -> agent.AgentChannel | None:
+        """The live exec-agent channel of a sandbox made by this process, or None."""
+        return agent.channel_for(self.agent_dir / sandbox_id)
 
     async def _kill_and_delete_task(self, sandbox_id: str) -> bool:
         # First, around the shim: a `runc exec` frozen mid-start blocks it (its
@@ -813,6 +853,20 @@ def _container_record(
         snapshotter=snapshotter,
         snapshot_key=sandbox_id,
     )
+
+
+async def _forget_agent(channel_dir: Path) -> None:
+    agent.forget(channel_dir)
+
+
+async def _agent_hello(sandbox_id: str, channel: agent.AgentChannel) -> None:
+    """The agent answers on its channel, or the sandbox did not start."""
+    try:
+        reply = await asyncio.wait_for(channel.hello(), AGENT_HELLO_TIMEOUT_S)
+    except TimeoutError as err:
+        raise SandboxError(f"the exec agent of {sandbox_id!r} did not answer") from err
+    if reply.get("version") != agent.PROTOCOL_VERSION:
+        raise SandboxError(f"the exec agent of {sandbox_id!r} speaks {reply}")
 
 
 async def _roll_back(undo: list[Undo]) -> None:

@@ -33,6 +33,7 @@ from sandbox.network import NetworkAttachment
 from sandbox.spec import EXEC_OOM_SCORE_ADJ, exec_process
 
 if TYPE_CHECKING:
+    from sandbox.agent import AgentChannel, AgentResult
     from sandbox.client import Containerd
 
 PROCESS_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Process"
@@ -42,6 +43,7 @@ _NO_SUCH_FILE = 2  # read_file's script exits 2 for a path that is not a file
 DRAIN_GRACE_S = 2.0  # how long to wait for output EOF after the process exited
 KILL_WAIT_S = 10.0
 SIGKILL = 9
+AGENT_MARKER = "agent"  # in a durable exec's output dir: it ran through the exec agent
 
 STATUS_NAMES: dict[int, SandboxStatus] = {
     task_pb2.CREATED: "created",
@@ -136,6 +138,19 @@ class Sandbox:
     ) -> RawExecResult:
         """Like exec, with bytes output (for files and tars)."""
         _check_exec_args(args, user, timeout_s, output_limit_bytes)
+        channel = await self._agent_for(user)
+        if channel is not None:
+            result = await self._agent_run(
+                channel,
+                args,
+                env=env,
+                cwd=workdir,
+                stdin=stdin,
+                timeout_s=timeout_s,
+                output_limit_bytes=output_limit_bytes,
+                on_output=on_output,
+            )
+            return _raw_of(result)
         process = exec_process(self._process, args, env=env, workdir=workdir, user=user)
         exec_id = f"exec-{uuid.uuid4().hex[:16]}"
         started = time.monotonic()
@@ -179,6 +194,11 @@ class Sandbox:
         ``reattach_exec``. The exec is deleted only after its end is recorded.
         """
         _check_exec_args(args, user, timeout_s, output_limit_bytes)
+        channel = await self._agent_for(user)
+        if channel is not None:
+            return await self._agent_durable(
+                channel, args, output_dir, env, workdir, stdin, timeout_s, output_limit_bytes
+            )
         process = exec_process(self._process, args, env=env, workdir=workdir, user=user)
         files = ExecFiles.create(output_dir, stdin is not None)
         try:
@@ -207,6 +227,9 @@ class Sandbox:
         files = ExecFiles(output_dir)
         if not files.started:
             return None
+        if (output_dir / AGENT_MARKER).exists() and files.end() is None:
+            # Its channel died with the process that sent it: never run it twice.
+            raise SandboxError(f"exec {exec_id} in sandbox {self.id!r} was lost with its worker")
         if files.end() is None:
             process = await self._exec_process(exec_id)
             if process.status == task_pb2.CREATED:  # made, never started: run it afresh
@@ -219,6 +242,56 @@ class Sandbox:
                 await _cancel(wait)
             files.record_end(exit_code, timed_out)
         await self._delete_exec(exec_id)
+        return _durable_result(files, output_limit_bytes)
+
+    # -- the exec agent (sandbox/agent.py) --------------------------------------
+    def agent(self) -> AgentChannel | None:
+        """The exec agent's channel when the agent is this sandbox's PID 1 and this
+        process made it; None otherwise (then execs go through runc)."""
+        from sandbox.agent import AGENT_LABEL
+
+        if AGENT_LABEL not in self.labels:
+            return None
+        return self._client.agent_channel(self.id)
+
+    async def _agent_for(self, user: str | None) -> AgentChannel | None:
+        """The channel for a call, or None for runc exec (another user: the agent
+        runs everything as the sandbox's user). A paused sandbox refuses, as runc does."""
+        channel = self.agent() if user is None else None
+        if channel is not None and await self._is_paused():
+            raise SandboxPaused(f"exec in sandbox {self.id!r}: sandbox is paused; resume it first")
+        return channel
+
+    async def _agent_run(self, channel: AgentChannel, *args: Any, **kwargs: Any) -> AgentResult:
+        return await channel.run(*args, **kwargs)
+
+    async def _agent_durable(
+        self,
+        channel: AgentChannel,
+        args: list[str],
+        output_dir: Path,
+        env: dict[str, str] | None,
+        workdir: str | None,
+        stdin: bytes | None,
+        timeout_s: float | None,
+        output_limit_bytes: int,
+    ) -> RawExecResult:
+        """exec_durable through the agent: the result lands in the same files, so
+        the step journal reads it alike; a call cut off by a crash is never rerun."""
+        files = ExecFiles.create(output_dir, False)
+        (output_dir / AGENT_MARKER).touch()
+        result = await self._agent_run(
+            channel,
+            args,
+            env=env,
+            cwd=workdir,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            output_limit_bytes=output_limit_bytes,
+        )
+        (output_dir / "stdout").write_bytes(result.stdout)
+        (output_dir / "stderr").write_bytes(result.stderr)
+        files.record_end(result.exit_code, result.timed_out)
         return _durable_result(files, output_limit_bytes)
 
     async def _exec_process(self, exec_id: str) -> Any:
@@ -332,12 +405,28 @@ class Sandbox:
 
     # -- files -----------------------------------------------------------------
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        channel = await self._agent_for(None)
+        if channel is not None:
+            await channel.put_file(path, data, mode)
+            return
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
         result = await self.exec_raw(["/bin/sh", "-c", script, "sh", path, f"{mode:o}"], stdin=data)
         if result.exit_code != 0:
             raise SandboxError(f"write {path!r} in sandbox {self.id!r}: {_first_line(result)}")
 
     async def read_file(self, path: str, max_bytes: int = DEFAULT_READ_LIMIT) -> bytes:
+        channel = await self._agent_for(None)
+        if channel is not None:
+            from sandbox.agent import AgentError
+
+            try:
+                return await channel.get_file(path, max_bytes)
+            except FileNotFound as err:
+                raise FileNotFound(f"no file {path!r} in sandbox {self.id!r}") from err
+            except AgentError:
+                raise
+            except SandboxError as err:
+                raise SandboxError(f"read {path!r} in sandbox {self.id!r}: {err}") from err
         script = 'test -f "$1" || { echo "no such file" >&2; exit 2; }; cat -- "$1"'
         return await self._read_out("read", path, script, max_bytes)
 
@@ -461,6 +550,17 @@ async def _cancel(wait: asyncio.Future[Any]) -> None:
         wait.cancel()
         with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
             await wait
+
+
+def _raw_of(result: AgentResult) -> RawExecResult:
+    return RawExecResult(
+        exit_code=result.exit_code,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        duration_s=result.duration_s,
+        timed_out=result.timed_out,
+        truncated=result.truncated,
+    )
 
 
 def _durable_result(files: ExecFiles, output_limit_bytes: int) -> RawExecResult:

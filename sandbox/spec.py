@@ -46,6 +46,8 @@ HOST_INITS = {
     "tini": Path("/usr/bin/tini-static"),
 }
 INIT_PATH = "/.corral/init"
+# The exec agent (agent/, docs/agent.md): PID 1 instead of the init when on.
+AGENT_PATH = "/.corral/agent"
 WORKSPACE = "/workspace"
 SHIM_GROUP_ANNOTATION = "io.containerd.runc.v2.group"
 
@@ -129,6 +131,7 @@ def build_oci_spec(
     workspace_source: str | None = None,
     userns: IdMapping | None = None,
     io_device: tuple[int, int] | None = None,
+    agent: Path | None = None,
 ) -> dict[str, Any]:
     """The full runtime spec (JSON-able dict) for one sandbox.
 
@@ -137,7 +140,8 @@ def build_oci_spec(
     id mapping when ``spec.user_namespace`` is on (default: range
     ``spec.userns_range`` of the default pool); ``io_device`` the (major, minor)
     of the block device under the writable layer, throttled by
-    ``spec.io_bps_mb``/``spec.io_iops``.
+    ``spec.io_bps_mb``/``spec.io_iops``; ``agent`` the host path of the exec
+    agent, which then is PID 1 (it reaps, as the init would) and runs ``command``.
     """
     if spec.user_namespace and userns is None:
         userns = UidPool().mapping(spec.userns_range)
@@ -146,11 +150,16 @@ def build_oci_spec(
     oci: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "process": build_process(
-            init_args(spec), spec, env=None, workdir=None, user=None, oom_adj=INIT_OOM_SCORE_ADJ
+            [AGENT_PATH, "--", *spec.command] if agent is not None else init_args(spec),
+            spec,
+            env=None,
+            workdir=None,
+            user=None,
+            oom_adj=INIT_OOM_SCORE_ADJ,
         ),
         "root": {"path": "rootfs", "readonly": spec.read_only_root},
         "hostname": sandbox_id[:63],
-        "mounts": _mounts(spec, workspace_source),
+        "mounts": _mounts(spec, workspace_source, agent),
         "linux": _linux(sandbox_id, spec, userns if spec.user_namespace else None, io_device),
     }
     if spec.shim_group:
@@ -230,7 +239,9 @@ def _tmpfs(destination: str, size_mb: int, *extra: str) -> dict[str, Any]:
     }
 
 
-def _mounts(spec: SandboxSpec, workspace_source: str | None) -> list[dict[str, Any]]:
+def _mounts(
+    spec: SandboxSpec, workspace_source: str | None, agent: Path | None = None
+) -> list[dict[str, Any]]:
     mounts = [
         {
             "destination": "/proc",
@@ -271,7 +282,16 @@ def _mounts(spec: SandboxSpec, workspace_source: str | None) -> list[dict[str, A
         },
         _tmpfs("/tmp", spec.tmpfs_mb, "mode=1777"),
     ]
-    if spec.init in HOST_INITS:
+    if agent is not None:
+        mounts.append(
+            {
+                "destination": AGENT_PATH,
+                "type": "bind",
+                "source": str(agent),
+                "options": ["rbind", "ro", "nosuid", "nodev"],
+            }
+        )
+    elif spec.init in HOST_INITS:
         mounts.append(
             {
                 "destination": INIT_PATH,

@@ -1,0 +1,98 @@
+"""The exec agent's framing (sandbox/agent.py; the agent's side is agent/proto.go)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import pytest
+
+from sandbox.agent import (
+    HEADER,
+    MAGIC,
+    AgentProtocolError,
+    FrameDecoder,
+    _error_of,
+    encode_frame,
+)
+from sandbox.errors import ExecFailed, FileNotFound, SandboxError
+
+
+def test_a_frame_is_header_meta_data() -> None:
+    raw = encode_frame(7, {"op": "run", "shell": "echo hi"}, b"stdin")
+    magic, call_id, meta_len, data_len, crc = HEADER.unpack_from(raw)
+    assert (magic, call_id, data_len) == (MAGIC, 7, 5)
+    assert crc == zlib.crc32(raw[:16])
+    meta = raw[HEADER.size : HEADER.size + meta_len]
+    assert json.loads(meta) == {"op": "run", "shell": "echo hi"}
+    assert raw[HEADER.size + meta_len :] == b"stdin"
+
+
+def test_frames_come_out_whole_however_the_bytes_are_split() -> None:
+    stream = b"".join(
+        encode_frame(i, {"op": "out", "n": i}, bytes([i]) * (i * 1000)) for i in range(1, 6)
+    )
+    for step in (1, 7, 4096, len(stream)):
+        decoder = FrameDecoder()
+        frames = []
+        for start in range(0, len(stream), step):
+            frames += decoder.feed(stream[start : start + step])
+        assert [f.call_id for f in frames] == [1, 2, 3, 4, 5]
+        assert [f.meta["n"] for f in frames] == [1, 2, 3, 4, 5]
+        assert all(f.data == bytes([f.call_id]) * (f.call_id * 1000) for f in frames)
+
+
+def test_an_empty_data_part_and_a_partial_header_wait_for_more() -> None:
+    decoder = FrameDecoder()
+    raw = encode_frame(1, {"op": "hello"})
+    assert decoder.feed(raw[:10]) == []
+    [frame] = decoder.feed(raw[10:])
+    assert frame.meta == {"op": "hello"} and frame.data == b""
+
+
+def test_a_corrupt_header_is_refused() -> None:
+    raw = bytearray(encode_frame(1, {"op": "hello"}))
+    raw[5] ^= 0xFF  # the call id, under the checksum
+    with pytest.raises(AgentProtocolError, match="bad frame header"):
+        FrameDecoder().feed(bytes(raw))
+    with pytest.raises(AgentProtocolError):
+        FrameDecoder().feed(b"GARBAGE-GARBAGE-GARBAGE")
+
+
+def test_oversized_frames_are_refused_both_ways() -> None:
+    head = struct.pack(">4sIII", MAGIC, 1, 2, 64 << 20)
+    with pytest.raises(AgentProtocolError, match="too large"):
+        FrameDecoder().feed(head + struct.pack(">I", zlib.crc32(head)))
+    with pytest.raises(ValueError, match="too large"):
+        encode_frame(1, {}, b"x" * ((8 << 20) + 1))
+
+
+def test_meta_must_be_json() -> None:
+    head = struct.pack(">4sIII", MAGIC, 1, 3, 0)
+    with pytest.raises(AgentProtocolError, match="not JSON"):
+        FrameDecoder().feed(head + struct.pack(">I", zlib.crc32(head)) + b"{{{")
+
+
+def test_agent_errors_map_to_sandbox_errors() -> None:
+    assert isinstance(_error_of({"kind": "not_found", "error": "read /x: no"}), FileNotFound)
+    assert isinstance(_error_of({"kind": "start_failed", "error": "nope"}), ExecFailed)
+    err = _error_of({"kind": "io", "error": "disk full"})
+    assert type(err) is SandboxError and str(err) == "disk full"
+
+
+def test_with_the_agent_it_is_pid_1_mounted_read_only_and_without_it_nothing_changes() -> None:
+    from pathlib import Path
+
+    from sandbox.models import SandboxSpec
+    from sandbox.spec import AGENT_PATH, INIT_PATH, build_oci_spec
+
+    spec = SandboxSpec(image="busybox", user_namespace=False)
+    off = build_oci_spec("sb", spec)
+    assert off["process"]["args"][0] == INIT_PATH
+    assert AGENT_PATH not in [m["destination"] for m in off["mounts"]]
+    on = build_oci_spec("sb", spec, agent=Path("/opt/corral-agent"))
+    assert on["process"]["args"] == [AGENT_PATH, "--", *spec.command]
+    [mount] = [m for m in on["mounts"] if m["destination"] == AGENT_PATH]
+    assert mount["source"] == "/opt/corral-agent" and "ro" in mount["options"]
+    assert INIT_PATH not in [m["destination"] for m in on["mounts"]]

@@ -13,9 +13,7 @@ once for all of its tests (`path_runs`), a few at a time, by the same code as
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -139,18 +137,11 @@ async def test_cold_paths_never_claim_the_pool(path_runs: PathRuns, path: str) -
     assert not [r.episode_id for r in records if r.warm], f"{path}: a cold spec ran warm"
 
 
-def _debian_image() -> Path | None:
-    """A Debian image with python3/git/gcc already built in the cache (none is built here)."""
-    cache = Path(__file__).resolve().parents[3] / ".cache" / "debian"
-    done = sorted(cache.glob("img-*/image.json")) if cache.is_dir() else []
-    return done[0] if done else None
-
-
 def test_benign_work_on_debian() -> None:
-    if _debian_image() is None or not shutil.which("debootstrap"):
-        pytest.skip(
-            "no Debian image on the detection stack: the suite's stacks hold busybox only, and "
-            "building one (debootstrap + apt, network, minutes) is outside a 3-minute suite; "
-            "pip/venv installs offline are not possible either"
-        )
-    pytest.skip("a cached Debian image exists but importing it into the stack is not wired here")
+    """The issue's benign corpus (a venv, a test run, git, a compiler) wants a Debian
+    image; neither test stack holds one (busybox only) and none is built here."""
+    pytest.skip(
+        "no Debian image on the detection stack: the test stacks hold busybox only, building "
+        "one (debootstrap + apt: network, minutes) does not fit a 3-minute suite, and pip "
+        "installs into a venv cannot run offline; the busybox corpus runs on every path"
+    )

@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sandbox.agent import AgentChannel
 from sandbox.sandbox import Sandbox
-from tests.integration.agent.conftest import MakeSandbox
+
+MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
 
 GONE_WAIT_S = 30.0
 

@@ -1,0 +1,272 @@
+"""Tool calls through the exec agent (docs/agent.md): session execs and background jobs.
+
+These activities run on the node that holds the sandbox and need its PID 1 to
+be the exec agent (``workers.exec_agent`` on, the sandbox made by this worker
+process); otherwise they fail with ``AgentUnavailable`` (not retried).
+
+A session exec is durable like a step: it is journaled under
+``<node_dir>/toolcalls/<sandbox>/<index>`` (started, then its result), so a
+retry returns the recorded result, and a call whose worker died mid-call is
+reported ``interrupted``, never run twice. Job operations are idempotent reads
+or kills, except ``spawn``, which is journaled the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.models import ExecStepInput, Step, StepResult
+from activities.node import interrupted_step
+from sandbox import Containerd
+from sandbox.agent import AgentChannel
+from sandbox.errors import CorralError, SandboxError
+
+T = TypeVar("T")
+HEARTBEAT_EVERY_S = 5.0
+MAX_JOB_READ = 1_048_576
+
+
+# -- requests (the SDK's) and activity inputs ----------------------------------
+class ToolExecRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cmd: str | list[str]
+    session: str = Field(min_length=1, max_length=128)
+    timeout_s: float | None = Field(default=None, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    stdin: str | None = None
+
+
+class SpawnRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cmd: str | list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class JobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job: int = Field(ge=1)
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = Field(default=0, ge=0)
+    max_bytes: int = Field(default=MAX_JOB_READ, ge=1, le=MAX_JOB_READ)
+    timeout_s: float | None = Field(default=None, gt=0, le=300)
+    signal: int = Field(default=9, ge=1, le=64)
+
+
+class ToolExecInput(BaseModel):
+    sandbox_id: str
+    index: int
+    request: ToolExecRequest
+    default_timeout_s: float
+    output_limit_bytes: int
+    base_env: dict[str, str] = Field(default_factory=dict)
+
+
+class SpawnInput(BaseModel):
+    sandbox_id: str
+    index: int
+    request: SpawnRequest
+    base_env: dict[str, str] = Field(default_factory=dict)
+
+
+class JobInput(BaseModel):
+    sandbox_id: str
+    request: JobRequest
+
+
+class JobInfo(BaseModel):
+    job: int
+    cmd: str
+
+
+class JobOutputResult(BaseModel):
+    data_b64: str
+    offset: int
+    total: int
+    running: bool
+
+
+class JobState(BaseModel):
+    running: bool
+    exit_code: int | None = None
+    timed_out: bool = False
+    signal: int = 0
+    duration_s: float | None = None
+
+
+# -- the activities --------------------------------------------------------------
+class ToolCallActivities:
+    def __init__(self, node: str, containerd: Containerd, state_dir: Path) -> None:
+        self.node = node
+        self._containerd = containerd
+        self._state_dir = Path(state_dir)
+
+    def activities(self) -> list[Any]:
+        return [self.tool_exec, self.job_spawn, self.job_output, self.job_wait, self.job_kill]
+
+    @activity.defn(name="corral.tool_exec")
+    async def tool_exec(self, input: ToolExecInput) -> StepResult:
+        request = input.request
+        step = ExecStepInput(
+            sandbox_id=input.sandbox_id,
+            step=Step(
+                cmd=request.cmd,
+                timeout_s=request.timeout_s,
+                env=request.env,
+                workdir=request.workdir,
+                stdin=request.stdin,
+            ),
+            index=input.index,
+            source="interactive",
+            default_timeout_s=input.default_timeout_s,
+            output_limit_bytes=input.output_limit_bytes,
+            base_env=input.base_env,
+        )
+        journal = self._journal(input.sandbox_id)
+        done, started = journal / f"{input.index}.json", journal / f"{input.index}.started"
+        if done.exists():
+            return StepResult.model_validate_json(done.read_text())
+        if started.exists():  # a worker died mid-call: its result is lost, never rerun it
+            result = interrupted_step(step, "the node worker stopped during the call")
+        else:
+            channel = await self._channel(input.sandbox_id)
+            journal.mkdir(parents=True, exist_ok=True)
+            started_at = datetime.now(UTC)
+            started.write_text(started_at.isoformat())
+            out = await _heartbeating(
+                _mapped(
+                    channel.run(
+                        request.cmd,
+                        env={**input.base_env, **request.env} or None,
+                        cwd=request.workdir,
+                        stdin=request.stdin.encode() if request.stdin is not None else None,
+                        timeout_s=request.timeout_s or input.default_timeout_s,
+                        output_limit_bytes=input.output_limit_bytes,
+                        session=request.session,
+                    )
+                )
+            )
+            result = StepResult(
+                index=input.index,
+                cmd=step.step.display(),
+                exit_code=out.exit_code,
+                stdout=out.stdout.decode("utf-8", errors="replace"),
+                stderr=out.stderr.decode("utf-8", errors="replace"),
+                duration_s=out.duration_s,
+                timed_out=out.timed_out,
+                truncated=out.truncated,
+                source="interactive",
+                started_at=started_at,
+            )
+        tmp = done.with_suffix(".tmp")
+        tmp.write_text(result.model_dump_json())
+        tmp.replace(done)
+        return result
+
+    @activity.defn(name="corral.job_spawn")
+    async def job_spawn(self, input: SpawnInput) -> JobInfo:
+        request = input.request
+        cmd = request.cmd if isinstance(request.cmd, str) else " ".join(request.cmd)
+        journal = self._journal(input.sandbox_id)
+        done, started = journal / f"{input.index}.job", journal / f"{input.index}.started"
+        if done.exists():
+            return JobInfo.model_validate_json(done.read_text())
+        if started.exists():
+            raise ApplicationError(
+                f"spawn of {cmd!r} was cut off by a node worker restart", type="SandboxError"
+            )
+        channel = await self._channel(input.sandbox_id)
+        journal.mkdir(parents=True, exist_ok=True)
+        started.write_text(datetime.now(UTC).isoformat())
+        job = await _mapped(
+            channel.spawn(
+                request.cmd,
+                env={**input.base_env, **request.env} or None,
+                cwd=request.workdir,
+                timeout_s=request.timeout_s,
+            )
+        )
+        info = JobInfo(job=job, cmd=cmd)
+        done.write_text(info.model_dump_json())
+        return info
+
+    @activity.defn(name="corral.job_output")
+    async def job_output(self, input: JobInput) -> JobOutputResult:
+        req = input.request
+        channel = await self._channel(input.sandbox_id)
+        out = await _mapped(channel.output(req.job, req.stream, req.offset, req.max_bytes))
+        return JobOutputResult(
+            data_b64=base64.b64encode(out.data).decode(),
+            offset=out.offset,
+            total=out.total,
+            running=out.running,
+        )
+
+    @activity.defn(name="corral.job_wait")
+    async def job_wait(self, input: JobInput) -> JobState:
+        channel = await self._channel(input.sandbox_id)
+        status = await _heartbeating(
+            _mapped(channel.wait(input.request.job, input.request.timeout_s))
+        )
+        return JobState(
+            running=status.running,
+            exit_code=status.exit_code,
+            timed_out=status.timed_out,
+            signal=status.signal,
+            duration_s=status.duration_s,
+        )
+
+    @activity.defn(name="corral.job_kill")
+    async def job_kill(self, input: JobInput) -> None:
+        channel = await self._channel(input.sandbox_id)
+        await _mapped(channel.kill(input.request.job, input.request.signal))
+
+    async def _channel(self, sandbox_id: str) -> AgentChannel:
+        sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
+        channel = sandbox.agent()
+        if channel is None:
+            raise ApplicationError(
+                f"sandbox {sandbox_id} has no exec agent channel on node {self.node}: sessions "
+                "and jobs need workers.exec_agent on (CORRAL_EXEC_AGENT=1) when it was made",
+                type="AgentUnavailable",
+                non_retryable=True,
+            )
+        return channel
+
+    def _journal(self, sandbox_id: str) -> Path:
+        return self._state_dir / "toolcalls" / sandbox_id
+
+
+async def _mapped(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except CorralError as err:
+        retryable = isinstance(err, SandboxError) and type(err).__name__ in (
+            "ContainerdUnavailable",
+            "ContainerdError",
+        )
+        raise ApplicationError(
+            str(err), type=type(err).__name__, non_retryable=not retryable
+        ) from err
+
+
+async def _heartbeating(work: Awaitable[T]) -> T:
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+        if done:
+            return task.result()
+        with contextlib.suppress(RuntimeError):  # outside an activity
+            activity.heartbeat()

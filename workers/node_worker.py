@@ -28,6 +28,7 @@ from activities.node import NodeActivities
 from activities.pool import WarmPool
 from activities.sensorwatch import SensorWatch
 from activities.snapshots import SnapshotActivities
+from activities.toolcalls import ToolCallActivities
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
@@ -61,6 +62,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         namespace=config.nodes.containerd_namespace,
         uid_pool=UidPool(start=config.nodes.userns.start, size=config.nodes.userns.size),
         shim_group_size=config.nodes.shim_group_size,
+        exec_agent=config.workers.exec_agent,  # docs/agent.md; off by default
     )
     records = RecordWriter(config.records_dir)
     foreground = Foreground()  # steps first; pool refills and teardowns wait for them
@@ -100,7 +102,11 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         worker = Worker(
             client,
             task_queue=config.node_task_queue(node),
-            activities=[*node_activities.activities(), *snapshots.activities()],
+            activities=[
+                *node_activities.activities(),
+                *snapshots.activities(),
+                *ToolCallActivities(node, containerd, config.node_dir(node)).activities(),
+            ],
             max_concurrent_activities=500,
         )
         async with worker:

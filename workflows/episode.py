@@ -28,6 +28,18 @@ with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities, interrupted_step
     from activities.placement import NODE_LOST_SIGNAL
     from activities.snapshots import SnapshotActivities
+    from activities.toolcalls import (
+        JobInfo,
+        JobInput,
+        JobOutputResult,
+        JobRequest,
+        JobState,
+        SpawnInput,
+        SpawnRequest,
+        ToolCallActivities,
+        ToolExecInput,
+        ToolExecRequest,
+    )
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
     from sandbox.snapshot import is_local_snapshot, snapshot_ref
@@ -755,6 +767,90 @@ class EpisodeWorkflow:
     @read_file.validator
     def _validate_read_file(self, request: ReadFileRequest) -> None:
         self._check_open()
+
+    # Tool calls through the exec agent (activities/toolcalls.py, docs/agent.md).
+    @workflow.update(name="tool_exec")
+    async def tool_exec_update(self, request: ToolExecRequest) -> StepResult:
+        """An exec in a named session (cwd and exported variables carry over)."""
+        await self._wait_interactive()
+        async with self._lock:
+            await self._wait_unfrozen()
+            self._check_open()
+            await _surfaced(self._wake())
+            index = self._s.next_index
+            self._s.next_index += 1
+            self._touch()
+            timeout_s = request.timeout_s or self._spec.timeouts.step_s
+            call = ToolExecInput(
+                sandbox_id=self._s.sandbox_id,
+                index=index,
+                request=request,
+                default_timeout_s=self._spec.timeouts.step_s,
+                output_limit_bytes=self._spec.output_limit_bytes,
+                base_env=self._spec.env,
+            )
+            result: StepResult = await _surfaced(
+                self._node_activity(ToolCallActivities.tool_exec, call, timeout_s=timeout_s + 60)
+            )
+            self._s.steps.append(result)
+            self._s.steps_this_run += 1
+            self._touch()
+            return result
+
+    @tool_exec_update.validator
+    def _validate_tool_exec(self, request: ToolExecRequest) -> None:
+        self._check_open()
+
+    @workflow.update(name="spawn")
+    async def spawn_update(self, request: SpawnRequest) -> JobInfo:
+        """A background job: it outlives the call; read, wait for and kill it by id."""
+        await self._wait_interactive()
+        async with self._lock:
+            await self._wait_unfrozen()
+            self._check_open()
+            await _surfaced(self._wake())
+            index = self._s.next_index
+            self._s.next_index += 1
+            self._touch()
+            call = SpawnInput(
+                sandbox_id=self._s.sandbox_id, index=index, request=request, base_env=self._spec.env
+            )
+            info: JobInfo = await _surfaced(
+                self._node_activity(ToolCallActivities.job_spawn, call, timeout_s=60)
+            )
+            return info
+
+    @spawn_update.validator
+    def _validate_spawn(self, request: SpawnRequest) -> None:
+        self._check_open()
+
+    @workflow.update(name="job_output")
+    async def job_output_update(self, request: JobRequest) -> JobOutputResult:
+        self._check_open()
+        self._touch()
+        call = JobInput(sandbox_id=self._s.sandbox_id, request=request)
+        out: JobOutputResult = await _surfaced(
+            self._node_activity(ToolCallActivities.job_output, call, timeout_s=60)
+        )
+        return out
+
+    @workflow.update(name="job_wait")
+    async def job_wait_update(self, request: JobRequest) -> JobState:
+        self._check_open()
+        self._touch()
+        call = JobInput(sandbox_id=self._s.sandbox_id, request=request)
+        timeout_s = (request.timeout_s or 0) + 60
+        state: JobState = await _surfaced(
+            self._node_activity(ToolCallActivities.job_wait, call, timeout_s=timeout_s)
+        )
+        return state
+
+    @workflow.update(name="job_kill")
+    async def job_kill_update(self, request: JobRequest) -> None:
+        self._check_open()
+        self._touch()
+        call = JobInput(sandbox_id=self._s.sandbox_id, request=request)
+        await _surfaced(self._node_activity(ToolCallActivities.job_kill, call, timeout_s=60))
 
     @workflow.update
     async def finish(self) -> None:

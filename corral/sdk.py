@@ -46,6 +46,14 @@ from temporalio.exceptions import (
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.toolcalls import (
+    JobInfo,
+    JobOutputResult,
+    JobRequest,
+    JobState,
+    SpawnRequest,
+    ToolExecRequest,
+)
 from corral.errors import (
     CorralRPCError,
     EpisodeAlreadyExists,
@@ -131,6 +139,50 @@ class EpisodeSummary:
     parent_episode: str = ""  # set on forked episodes
 
 
+class Job:
+    """A background job in an episode's sandbox (``Episode.spawn``)."""
+
+    WAIT_SLICE_S = 300.0  # one Update waits at most this long
+
+    def __init__(self, episode: Episode, job_id: int, cmd: str) -> None:
+        self.episode = episode
+        self.id = job_id
+        self.cmd = cmd
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, cmd={self.cmd!r}, episode={self.episode.id!r})"
+
+    async def output(self, stream: str = "stdout", *, offset: int = 0) -> bytes:
+        """Its output from ``offset`` so far (the agent keeps the last 4 MiB of each stream)."""
+        parts: list[bytes] = []
+        while True:
+            request = JobRequest(job=self.id, stream=stream, offset=offset)  # type: ignore[arg-type]
+            out: JobOutputResult = await self.episode._update(
+                "job_output", request, JobOutputResult
+            )
+            data = base64.b64decode(out.data_b64)
+            parts.append(data)
+            offset = out.offset + len(data)
+            if not data or offset >= out.total:
+                return b"".join(parts)
+
+    async def wait(self, timeout_s: float | None = None) -> JobState:
+        """Until it ends (or ``timeout_s`` passes: then ``running`` is True)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            left = self.WAIT_SLICE_S if deadline is None else deadline - loop.time()
+            slice_s = max(min(left, self.WAIT_SLICE_S), 0.001)
+            request = JobRequest(job=self.id, timeout_s=slice_s)
+            state: JobState = await self.episode._update("job_wait", request, JobState)
+            if not state.running or (deadline is not None and loop.time() >= deadline):
+                return state
+
+    async def kill(self, signal: int = 9) -> None:
+        """Signal the job's whole process tree (SIGKILL by default)."""
+        await self.episode._update("job_kill", JobRequest(job=self.id, signal=signal), None)
+
+
 class Episode:
     """A handle on one episode; cheap, holds nothing but the workflow handle.
 
@@ -163,14 +215,43 @@ class Episode:
         env: dict[str, str] | None = None,
         workdir: str | None = None,
         stdin: str | None = None,
+        session: str | None = None,
     ) -> StepResult:
         """Run one command in the sandbox and return its result (never raises on exit
-        code; a step that runs out of time returns with `timed_out=True`)."""
+        code; a step that runs out of time returns with `timed_out=True`).
+
+        With ``session`` (needs the exec agent, docs/agent.md), the command runs in
+        that named shell session: its cwd and exported variables carry over."""
+        if session is not None:
+            call = ToolExecRequest(
+                cmd=cmd,
+                session=session,
+                timeout_s=timeout_s,
+                env=env or {},
+                workdir=workdir,
+                stdin=stdin,
+            )
+            session_result: StepResult = await self._update("tool_exec", call, StepResult)
+            return session_result
         request = ExecRequest(
             cmd=cmd, timeout_s=timeout_s, env=env or {}, workdir=workdir, stdin=stdin
         )
         result: StepResult = await self._update("exec", request, StepResult)
         return result
+
+    async def spawn(
+        self,
+        cmd: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Job:
+        """Start a background job (needs the exec agent, docs/agent.md): it outlives
+        this call; read its output, wait for it or kill it (its whole tree) later."""
+        request = SpawnRequest(cmd=cmd, env=env or {}, workdir=workdir, timeout_s=timeout_s)
+        info: JobInfo = await self._update("spawn", request, JobInfo)
+        return Job(self, info.job, info.cmd)
 
     async def write_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
         data = content.encode() if isinstance(content, str) else content

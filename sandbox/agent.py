@@ -56,6 +56,10 @@ class AgentError(SandboxError):
     """The agent channel failed (gone, or a malformed frame)."""
 
 
+class AgentGone(AgentError):
+    """The channel ended: PID 1 (the agent) exited, or the sandbox was destroyed."""
+
+
 class AgentProtocolError(AgentError):
     """A frame that does not follow the protocol: the stream cannot be trusted past it."""
 
@@ -191,7 +195,7 @@ class AgentChannel:
                 except BlockingIOError:
                     return
                 if not chunk:
-                    self._fail(AgentError("the agent closed its channel (its task ended)"))
+                    self._fail(AgentGone("the agent closed its channel (its task ended)"))
                     return
                 for frame in self._decoder.feed(chunk):
                     queue = self._calls.get(frame.call_id)
@@ -210,7 +214,7 @@ class AgentChannel:
             queue.put_nowait(err)
 
     def close(self) -> None:
-        self._fail(AgentError("the agent channel was closed"))
+        self._fail(AgentGone("the agent channel was closed"))
         for fd in (self._in_fd, self._out_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -223,7 +227,7 @@ class AgentChannel:
         async with self._write_lock:
             while view:
                 if self.closed is not None:
-                    raise AgentError(str(self.closed))
+                    raise _again(self.closed)
                 try:
                     written = os.write(self._in_fd, view)
                     view = view[written:]
@@ -251,7 +255,7 @@ class AgentChannel:
     @contextlib.asynccontextmanager
     async def _call(self) -> AsyncIterator[tuple[int, asyncio.Queue[Frame | BaseException]]]:
         if self.closed is not None:
-            raise AgentError(str(self.closed))
+            raise _again(self.closed)
         self._next_id = self._next_id % 0xFFFFFFFE + 1
         call_id = self._next_id
         queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()
@@ -401,6 +405,11 @@ class AgentChannel:
         if hashlib.sha256(data).hexdigest() != end.get("sha256"):
             raise AgentError(f"read {path!r}: sha256 mismatch")
         return data
+
+
+def _again(closed: BaseException) -> AgentError:
+    """The error that closed the channel, for a later call."""
+    return AgentGone(str(closed)) if isinstance(closed, AgentGone) else AgentError(str(closed))
 
 
 def _command(cmd: list[str] | str) -> dict[str, Any]:

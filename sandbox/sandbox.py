@@ -263,7 +263,12 @@ class Sandbox:
         return channel
 
     async def _agent_run(self, channel: AgentChannel, *args: Any, **kwargs: Any) -> AgentResult:
-        return await channel.run(*args, **kwargs)
+        from sandbox.agent import AgentGone
+
+        try:
+            return await channel.run(*args, **kwargs)
+        except AgentGone as err:  # PID 1 exited, or the sandbox was destroyed
+            raise SandboxNotFound(f"sandbox {self.id!r} is gone ({err})") from err
 
     async def _agent_durable(
         self,

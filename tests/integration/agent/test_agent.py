@@ -11,7 +11,11 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from sandbox.agent import AgentChannel
+from sandbox.client import Containerd
+from sandbox.errors import SandboxNotFound
 from sandbox.sandbox import Sandbox
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
@@ -144,3 +148,14 @@ async def test_a_durable_step_runs_through_the_agent(
     # The journal's reattach reads the recorded result, never reruns it.
     again = await sandbox.reattach_exec("s-1", out, timeout_s=5)
     assert again is not None and again.stdout == b"step\n"
+
+
+async def test_a_call_cut_off_by_the_sandbox_s_end_raises_sandbox_not_found(
+    make_agent_sandbox: MakeSandbox, agent_ctd: Containerd
+) -> None:
+    sandbox = await make_agent_sandbox()
+    call = asyncio.ensure_future(sandbox.exec("sleep 300"))
+    await asyncio.sleep(0.2)  # let the call start; either way it must not hang
+    await agent_ctd.destroy_sandbox(sandbox.id)
+    with pytest.raises(SandboxNotFound):
+        await asyncio.wait_for(call, GONE_WAIT_S)

@@ -55,3 +55,19 @@ def test_a_refused_ptrace_alerts_at_error(engine: RuleEngine) -> None:
                 args={"request": 16, "pid": 1})  # fmt: skip
     (match,) = engine.evaluate(evt)
     assert match.rule == "PTRACE denied in sandbox" and match.priority.name == "ERROR"
+
+
+def test_runcs_unmount_of_its_binary_copy_is_the_runtime(engine: RuleEngine) -> None:
+    """runc unmounts the read-only copy of itself from inside the sandbox's cgroup
+    (seen on the test stack: process=exe, umount2 of <runc root>/<id>/runc.XXXXXX, res 0)."""
+    exe = Process(pid=17514, vpid=3, name="exe")
+    target = "/run/corral/runc/corral/" + "a" * 64 + "/runc.Z5SwuP"
+
+    def umount(res: int, name: str) -> Event:
+        args = {"name": name, "flags": 2}
+        return Event(type="umount2", res=res, proc=exe, container=BOX, args=args, num=1)
+
+    assert rules(engine, umount(0, target)) == []
+    # The agent's own attempt is refused by seccomp: it still alerts, whatever the path.
+    assert rules(engine, umount(-1, target)) == ["Mount in sandbox"]
+    assert rules(engine, umount(-1, "/proc/sys")) == ["Mount in sandbox"]

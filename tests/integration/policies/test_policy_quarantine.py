@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from policy_helpers import end_episode, sandbox_status, start_interactive, wait_listed, wait_status
+from policy_helpers import (
+    STATE_CAP_S,
+    end_episode,
+    sandbox_status,
+    start_interactive,
+    wait_listed,
+    wait_status,
+)
 
 from corral.errors import EpisodeRejected
 from corral.sdk import Corral
@@ -22,9 +31,9 @@ async def test_write_below_bin_quarantines_until_released(
     ep, status = await start_interactive(corral)
     client = node_clients[status.node]
     try:
-        result = await ep.exec(command)
-        assert result.exit_code == 0, result.stderr
-
+        # The node's sensor freezes the sandbox the moment the rule matches, so
+        # the step that tripped it may be held mid-command until the release.
+        step = asyncio.ensure_future(ep.exec(command))
         frozen = await wait_status(ep, lambda s: s.state == "quarantined")
         assert frozen.quarantined and RULE in frozen.anomaly_rules
         assert await sandbox_status(client, status.sandbox_id) == "paused"
@@ -37,6 +46,8 @@ async def test_write_below_bin_quarantines_until_released(
         assert await sandbox_status(client, status.sandbox_id) == "paused"
 
         await ep.release(reason="looked at it: fine", by="on-call")
+        result = await asyncio.wait_for(step, STATE_CAP_S)
+        assert result.exit_code == 0, result.stderr
         await wait_status(ep, lambda s: s.state == "running" and not s.quarantined)
         assert await sandbox_status(client, status.sandbox_id) == "running"
         after = await ep.exec("echo alive")

@@ -112,6 +112,7 @@ class RunRecord(BaseModel):
     sandbox_id: str = ""
     caught: bool | None = None  # None for the benign corpus
     false_alarms: int = 0  # benign corpus: alerts at Error or above
+    stray_alerts: int = 0  # a case's alerts at Error or above of another rule than its own
     why: str = ""  # what was wrong, when not caught (or the benign corpus alerted)
     frozen_ms: float | None = None
     frozen_source: str = ""  # sensor | episode
@@ -123,6 +124,7 @@ class PathReport(BaseModel):
     caught: int
     caught_ratio: float
     false_alarms: int
+    stray_alerts: int
     frozen_p50_ms: float | None
     frozen_p99_ms: float | None
     frozen_source: str
@@ -135,6 +137,9 @@ class DrillReport(BaseModel):
     caught: int
     caught_ratio: float
     false_alarms: int
+    # Not false alarms by the benign corpus' measure, but alerts nothing in the
+    # case did (e.g. the runtime's own calls matched as the agent's).
+    stray_alerts: int
     frozen_p50_ms: float | None
     frozen_p99_ms: float | None
     frozen_source: str  # sensor | episode | mixed | none
@@ -171,6 +176,9 @@ def judge(record: RunRecord, case: Case | None) -> RunRecord:
         record.why = "; ".join(problems)
         return record
     problems = []
+    record.stray_alerts = sum(
+        1 for a in record.alerts if a.rule != case.rule and a.priority in BENIGN_BAD_PRIORITIES
+    )
     ours = [a for a in record.alerts if a.rule == case.rule]
     if not ours:
         others = ", ".join(sorted({a.rule for a in record.alerts})) or "none"
@@ -638,6 +646,7 @@ def summarize(records: list[RunRecord], skipped: dict[str, str], wall_s: float) 
             "caught": caught,
             "caught_ratio": round(caught / len(cases), 4) if cases else 0.0,
             "false_alarms": sum(r.false_alarms for r in rs),
+            "stray_alerts": sum(r.stray_alerts for r in rs),
             "frozen_p50_ms": round(statistics.median(frozen), 1) if frozen else None,
             "frozen_p99_ms": _percentile(frozen, 0.99),
             "frozen_source": _source(cases),
@@ -694,16 +703,17 @@ def describe(report: DrillReport) -> list[str]:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f} ms"
 
-    lines = [f"{'path':18s} {'caught':>9s} {'false alarms':>13s} {'frozen p50':>11s} "
-             f"{'p99':>9s}  source"]  # fmt: skip
+    lines = [f"{'path':18s} {'caught':>9s} {'false alarms':>13s} {'stray':>6s} "
+             f"{'frozen p50':>11s} {'p99':>9s}  source"]  # fmt: skip
     for name, p in report.paths.items():
         lines.append(
-            f"{name:18s} {p.caught:>4d}/{p.cases:<4d} {p.false_alarms:>13d} "
+            f"{name:18s} {p.caught:>4d}/{p.cases:<4d} {p.false_alarms:>13d} {p.stray_alerts:>6d} "
             f"{ms(p.frozen_p50_ms):>11s} {ms(p.frozen_p99_ms):>9s}  {p.frozen_source}"
         )
     lines.append(
         f"{'all':18s} {report.caught:>4d}/{report.cases:<4d} {report.false_alarms:>13d} "
-        f"{ms(report.frozen_p50_ms):>11s} {ms(report.frozen_p99_ms):>9s}  {report.frozen_source}"
+        f"{report.stray_alerts:>6d} {ms(report.frozen_p50_ms):>11s} "
+        f"{ms(report.frozen_p99_ms):>9s}  {report.frozen_source}"
         f"   ({report.caught_ratio:.0%} caught, {report.wall_s:.0f} s)"
     )
     for name, p in report.paths.items():

@@ -55,6 +55,8 @@ async def test_drill_report_keys_and_sums(stack: Stack) -> None:
     assert report.cases == len(PATHS) * len(CASES)
     assert report.caught == sum(p.caught for p in report.paths.values())
     assert report.false_alarms == sum(p.false_alarms for p in report.paths.values())
+    assert report.stray_alerts == sum(p.stray_alerts for p in report.paths.values())
+    assert report.stray_alerts == sum(r.stray_alerts for r in report.runs)
     assert report.caught_ratio == pytest.approx(report.caught / report.cases, abs=1e-3)
     for name, path in report.paths.items():
         assert path.cases == len(CASES)

@@ -275,3 +275,22 @@ func mustLook(name string) string {
 	}
 	return p
 }
+
+func TestMainCommandStatusIsTheAgentsStatus(t *testing.T) {
+	if code := runMain(testReaper, []string{"/bin/sh", "-c", "exit 7"}); code != 7 {
+		t.Fatalf("exit %d", code)
+	}
+	if code := runMain(testReaper, []string{"no-such-command-xyz"}); code != 127 {
+		t.Fatalf("missing command: exit %d", code)
+	}
+}
+
+func TestServeEndsOnEOFAndOnAGarbledFrame(t *testing.T) {
+	srv := newServer(io.Discard, testReaper, "/nonexistent")
+	if err := srv.serve(bytes.NewReader(nil)); err != nil {
+		t.Fatalf("EOF: %v", err)
+	}
+	if err := srv.serve(bytes.NewReader([]byte("GARBAGE-GARBAGE-GARBAGE"))); err == nil {
+		t.Fatal("a garbled frame was served")
+	}
+}

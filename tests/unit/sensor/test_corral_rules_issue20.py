@@ -57,7 +57,7 @@ def test_a_refused_ptrace_alerts_at_error(engine: RuleEngine) -> None:
     assert match.rule == "PTRACE denied in sandbox" and match.priority.name == "ERROR"
 
 
-def test_runcs_unmount_of_its_binary_copy_is_the_runtime(engine: RuleEngine) -> None:
+def test_runcs_mounts_of_its_binary_copy_are_the_runtime(engine: RuleEngine) -> None:
     """runc unmounts the read-only copy of itself from inside the sandbox's cgroup
     (seen on the test stack: process=exe, umount2 of <runc root>/<id>/runc.XXXXXX, res 0)."""
     exe = Process(pid=17514, vpid=3, name="exe")
@@ -68,6 +68,9 @@ def test_runcs_unmount_of_its_binary_copy_is_the_runtime(engine: RuleEngine) -> 
         return Event(type="umount2", res=res, proc=exe, container=BOX, args=args, num=1)
 
     assert rules(engine, umount(0, target)) == []
+    bind = Event(type="mount", res=0, proc=exe, container=BOX, num=1,
+                 args={"dev": "/usr/bin/runc", "dir": target, "type": "", "flags": 4096})  # fmt: skip
+    assert rules(engine, bind) == []
     # The agent's own attempt is refused by seccomp: it still alerts, whatever the path.
     assert rules(engine, umount(-1, target)) == ["Mount in sandbox"]
     assert rules(engine, umount(-1, "/proc/sys")) == ["Mount in sandbox"]

@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import ExecStepInput, Step, StepResult
 from activities.node import interrupted_step
+from activities.sensorwatch import SensorDown, SensorWatch
 from sandbox import Containerd
 from sandbox.agent import AgentChannel
 from sandbox.errors import CorralError, SandboxError
@@ -108,10 +109,20 @@ class JobState(BaseModel):
 
 # -- the activities --------------------------------------------------------------
 class ToolCallActivities:
-    def __init__(self, node: str, containerd: Containerd, state_dir: Path) -> None:
+    """``sensor``: the node's watermark, as for steps (no command while the sensor is
+    down; a session exec returns after the sensor judged its events)."""
+
+    def __init__(
+        self,
+        node: str,
+        containerd: Containerd,
+        state_dir: Path,
+        sensor: SensorWatch | None = None,
+    ) -> None:
         self.node = node
         self._containerd = containerd
         self._state_dir = Path(state_dir)
+        self._sensor = sensor
 
     def activities(self) -> list[Any]:
         return [self.tool_exec, self.job_spawn, self.job_output, self.job_wait, self.job_kill]
@@ -142,6 +153,7 @@ class ToolCallActivities:
             result = interrupted_step(step, "the node worker stopped during the call")
         else:
             channel = await self._channel(input.sandbox_id)
+            gaps = await self._sensor_required()
             journal.mkdir(parents=True, exist_ok=True)
             started_at = datetime.now(UTC)
             started.write_text(started_at.isoformat())
@@ -170,6 +182,9 @@ class ToolCallActivities:
                 source="interactive",
                 started_at=started_at,
             )
+            if self._sensor is not None:
+                verdict = await _heartbeating(self._sensor.settle(input.sandbox_id, gaps))
+                result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
         tmp = done.with_suffix(".tmp")
         tmp.write_text(result.model_dump_json())
         tmp.replace(done)
@@ -188,6 +203,7 @@ class ToolCallActivities:
                 f"spawn of {cmd!r} was cut off by a node worker restart", type="SandboxError"
             )
         channel = await self._channel(input.sandbox_id)
+        await self._sensor_required()
         journal.mkdir(parents=True, exist_ok=True)
         started.write_text(datetime.now(UTC).isoformat())
         job = await _mapped(
@@ -245,6 +261,12 @@ class ToolCallActivities:
             )
         return channel
 
+    async def _sensor_required(self) -> int | None:
+        """The sensor's gap count, or SensorDown (retried) when it is not watching."""
+        if self._sensor is None:
+            return None
+        return await _heartbeating(_mapped(self._sensor.require()))
+
     def _journal(self, sandbox_id: str) -> Path:
         return self._state_dir / "toolcalls" / sandbox_id
 
@@ -253,9 +275,9 @@ async def _mapped(work: Awaitable[T]) -> T:
     try:
         return await work
     except CorralError as err:
-        retryable = isinstance(err, SandboxError) and type(err).__name__ in (
-            "ContainerdUnavailable",
-            "ContainerdError",
+        retryable = isinstance(err, SensorDown) or (
+            isinstance(err, SandboxError)
+            and type(err).__name__ in ("ContainerdUnavailable", "ContainerdError")
         )
         raise ApplicationError(
             str(err), type=type(err).__name__, non_retryable=not retryable

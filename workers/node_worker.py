@@ -76,6 +76,12 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         registry=config.registry.default,
         registry_options=config.registry.options(),
     )
+    sensor = SensorWatch(
+        config.sensor_socket(node),
+        enabled=config.sensor.enabled,
+        required=config.sensor.required,
+        settle_timeout_s=config.sensor.settle_timeout_s,
+    )
     node_activities = NodeActivities(
         node,
         containerd,
@@ -88,13 +94,10 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         registry=config.registry.options(),
         fetch_image=snapshots.ensure_image,
         capacity=node_capacity(config.nodes.budget),
-        sensor=SensorWatch(
-            config.sensor_socket(node),
-            enabled=config.sensor.enabled,
-            required=config.sensor.required,
-            settle_timeout_s=config.sensor.settle_timeout_s,
-        ),
+        sensor=sensor,
     )
+    # Sessions and jobs through the exec agent (docs/agent.md), watched like steps.
+    tool_calls = ToolCallActivities(node, containerd, config.node_dir(node), sensor=sensor)
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]
     try:
@@ -105,7 +108,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
             activities=[
                 *node_activities.activities(),
                 *snapshots.activities(),
-                *ToolCallActivities(node, containerd, config.node_dir(node)).activities(),
+                *tool_calls.activities(),
             ],
             max_concurrent_activities=500,
         )

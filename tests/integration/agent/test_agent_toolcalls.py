@@ -93,7 +93,9 @@ async def test_sdk_sessions_and_jobs(corral: Corral, stack_config: StackConfig) 
     spec = {"image": "busybox", "interactive": True}
     async with await corral.start_episode(spec) as episode:
         await episode.exec("mkdir -p /tmp/w && cd /tmp/w && export K=v", session="main")
-        assert (await episode.exec('echo "$PWD $K"', session="main")).stdout == "/tmp/w v\n"
+        second = await episode.exec('echo "$PWD $K"', session="main")
+        assert second.stdout == "/tmp/w v\n"
+        assert second.sensor  # the node's watermark answered for it, as for a step
         job = await episode.spawn("echo started; exec sleep 300")
         assert (await job.wait(timeout_s=0.5)).running
         await job.kill()

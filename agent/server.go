@@ -70,6 +70,12 @@ type server struct {
 	jobs     map[uint32]*job // every call's process, by the call's id
 	sessions map[string]*session
 	uploads  map[uint32]*upload
+	early    map[uint32][]stdinChunk // calls still starting: stdin frames that came first
+}
+
+type stdinChunk struct {
+	data []byte
+	eof  bool
 }
 
 func newServer(w io.Writer, r *reaper, self string) *server {
@@ -80,6 +86,7 @@ func newServer(w io.Writer, r *reaper, self string) *server {
 	return &server{
 		out: &sender{w: w}, reaper: r, self: self, baseEnv: os.Environ(), baseDir: dir,
 		jobs: map[uint32]*job{}, sessions: map[string]*session{}, uploads: map[uint32]*upload{},
+		early: map[uint32][]stdinChunk{},
 	}
 }
 
@@ -116,9 +123,18 @@ func (s *server) handle(id uint32, req request, data []byte) {
 	case "hello":
 		s.reply(id, map[string]any{"op": "hello", "version": protocolVersion, "pid": os.Getpid()}, nil)
 	case "run", "spawn":
+		s.mu.Lock()
+		s.early[id] = nil // starting: stdin frames for it are kept until it runs
+		s.mu.Unlock()
 		go s.run(id, req, data)
 	case "stdin":
-		if j := s.job(req.Job); j != nil {
+		s.mu.Lock()
+		j := s.jobs[req.Job]
+		if chunks, starting := s.early[req.Job]; j == nil && starting {
+			s.early[req.Job] = append(chunks, stdinChunk{data, req.EOF}) // run registers it
+		}
+		s.mu.Unlock()
+		if j != nil {
 			j.writeStdin(data, req.EOF)
 		}
 	case "output":
@@ -188,7 +204,7 @@ func (s *server) run(id uint32, req request, stdin []byte) {
 		sp.dir = sess.cwd
 		r, w, err := os.Pipe()
 		if err != nil {
-			s.fail(id, "start_failed", err.Error())
+			s.startFailed(id, err)
 			return
 		}
 		dumpR = r
@@ -233,11 +249,15 @@ func (s *server) run(id uint32, req request, stdin []byte) {
 		sp.extra[0].Close() // the child holds its copy
 	}
 	if err != nil {
-		s.fail(id, "start_failed", err.Error())
+		s.startFailed(id, err)
 		return
 	}
 	s.mu.Lock()
 	s.jobs[id] = j
+	for _, c := range s.early[id] { // in order, before any later frame (those take s.mu)
+		j.writeStdin(c.data, c.eof)
+	}
+	delete(s.early, id)
 	s.mu.Unlock()
 	if len(stdin) > 0 || (sp.stdin && !req.StdinOpen && !req.PTY) {
 		j.writeStdin(stdin, !req.StdinOpen && !req.PTY)
@@ -262,6 +282,13 @@ func (s *server) run(id uint32, req request, stdin []byte) {
 	delete(s.jobs, id)
 	s.mu.Unlock()
 	s.reply(id, res, nil)
+}
+
+func (s *server) startFailed(id uint32, err error) {
+	s.mu.Lock()
+	delete(s.early, id)
+	s.mu.Unlock()
+	s.fail(id, "start_failed", err.Error())
 }
 
 func (s *server) session(name, cwd string) *session {

@@ -266,7 +266,9 @@ class AgentChannel:
             self._calls.pop(call_id, None)
 
     async def _send(self, call_id: int, meta: dict[str, Any], data: bytes = b"") -> None:
-        await self._write(encode_frame(call_id, meta, data))
+        # Shielded: a caller cancelled mid-frame must not leave half a frame behind
+        # (the agent could not find the next one); the frame is finished regardless.
+        await asyncio.shield(asyncio.ensure_future(self._write(encode_frame(call_id, meta, data))))
 
     @staticmethod
     async def _next(queue: asyncio.Queue[Frame | BaseException]) -> Frame:
@@ -307,10 +309,15 @@ class AgentChannel:
         meta |= _optional(env=env, cwd=cwd, timeout_s=timeout_s, session=session)
         if pty:
             meta |= {"pty": True, "rows": 24, "cols": 80}
+        stdin = stdin or b""
+        if len(stdin) > CHUNK:  # more than a frame holds: stdin frames after the call
+            meta["stdin_open"] = True
         collector = OutputCollector(output_limit_bytes, on_output)
         try:
             async with self._call() as (call_id, queue):
-                await self._send(call_id, meta, stdin or b"")
+                await self._send(call_id, meta, b"" if meta.get("stdin_open") else stdin)
+                if meta.get("stdin_open"):
+                    feeding = asyncio.ensure_future(self._feed_stdin(call_id, stdin))
                 while True:
                     frame = await self._next(queue)
                     if frame.meta.get("op") == "out":
@@ -319,6 +326,10 @@ class AgentChannel:
                     end = frame.meta
                     break
         finally:
+            if meta.get("stdin_open") and not feeding.done():
+                feeding.cancel()  # the process ended without reading it all
+                with contextlib.suppress(asyncio.CancelledError, AgentError):
+                    await feeding
             await collector.close()
         return AgentResult(
             exit_code=int(end["exit_code"]),
@@ -330,6 +341,13 @@ class AgentChannel:
             signal=int(end.get("signal", 0)),
             rusage=dict(end.get("rusage") or {}),
         )
+
+    async def _feed_stdin(self, call_id: int, stdin: bytes) -> None:
+        view = memoryview(stdin)
+        for start in range(0, len(stdin), CHUNK):
+            last = start + CHUNK >= len(stdin)
+            meta = {"op": "stdin", "job": call_id, "eof": last}
+            await self._send(call_id, meta, bytes(view[start : start + CHUNK]))
 
     async def spawn(
         self,

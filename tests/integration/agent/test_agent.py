@@ -125,6 +125,12 @@ async def test_a_20_mb_file_goes_in_and_out_byte_for_byte(make_agent_sandbox: Ma
     inside = await sandbox.exec("sha256sum /tmp/in/big.bin; stat -c %a /tmp/in/big.bin")
     assert inside.stdout.split() == [hashlib.sha256(data).hexdigest(), "/tmp/in/big.bin", "600"]
     assert await sandbox.read_file("/tmp/in/big.bin") == data
+    # stdin larger than a frame goes in stdin frames after the call
+    counted = await sandbox.exec(["/bin/sh", "-c", "sha256sum | cut -d' ' -f1"], stdin=data)
+    assert counted.stdout.strip() == hashlib.sha256(data).hexdigest()
+    # and a process that stops reading early ends the call all the same
+    head = await sandbox.exec(["head", "-c", "3"], stdin=b"xyz" + data)
+    assert (head.exit_code, head.stdout) == (0, "xyz")
 
 
 async def test_a_pty_call_sees_a_terminal(make_agent_sandbox: MakeSandbox) -> None:

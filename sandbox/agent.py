@@ -29,7 +29,7 @@ import shutil
 import stat
 import struct
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,7 @@ class AgentChannel:
         self._calls: dict[int, asyncio.Queue[Frame | BaseException]] = {}
         self._next_id = 0
         self._write_lock: asyncio.Lock | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
         self.closed: BaseException | None = None
 
     @classmethod
@@ -313,20 +314,26 @@ class AgentChannel:
         if len(stdin) > CHUNK:  # more than a frame holds: stdin frames after the call
             meta["stdin_open"] = True
         collector = OutputCollector(output_limit_bytes, on_output)
+        feeding: asyncio.Future[None] | None = None
         try:
             async with self._call() as (call_id, queue):
                 await self._send(call_id, meta, b"" if meta.get("stdin_open") else stdin)
                 if meta.get("stdin_open"):
                     feeding = asyncio.ensure_future(self._feed_stdin(call_id, stdin))
-                while True:
-                    frame = await self._next(queue)
-                    if frame.meta.get("op") == "out":
-                        collector.add(str(frame.meta.get("stream", "stdout")), frame.data)
-                        continue
-                    end = frame.meta
-                    break
+                try:
+                    while True:
+                        frame = await self._next(queue)
+                        if frame.meta.get("op") == "out":
+                            collector.add(str(frame.meta.get("stream", "stdout")), frame.data)
+                            continue
+                        end = frame.meta
+                        break
+                except asyncio.CancelledError:
+                    # Nobody waits for it any more: kill its tree rather than leave it running.
+                    self._background(self._send(call_id, {"op": "kill", "job": call_id}))
+                    raise
         finally:
-            if meta.get("stdin_open") and not feeding.done():
+            if feeding is not None and not feeding.done():
                 feeding.cancel()  # the process ended without reading it all
                 with contextlib.suppress(asyncio.CancelledError, AgentError):
                     await feeding
@@ -341,6 +348,17 @@ class AgentChannel:
             signal=int(end.get("signal", 0)),
             rusage=dict(end.get("rusage") or {}),
         )
+
+    def _background(self, work: Awaitable[None]) -> None:
+        """Run ``work`` to its end on its own, errors ignored (a channel may be gone)."""
+
+        async def quietly() -> None:
+            with contextlib.suppress(AgentError, OSError):
+                await work
+
+        task = asyncio.ensure_future(quietly())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _feed_stdin(self, call_id: int, stdin: bytes) -> None:
         view = memoryview(stdin)

@@ -165,3 +165,17 @@ async def test_a_call_cut_off_by_the_sandbox_s_end_raises_sandbox_not_found(
     await agent_ctd.destroy_sandbox(sandbox.id)
     with pytest.raises(SandboxNotFound):
         await asyncio.wait_for(call, GONE_WAIT_S)
+
+
+async def test_a_cancelled_call_has_its_process_killed(make_agent_sandbox: MakeSandbox) -> None:
+    sandbox = await make_agent_sandbox()
+    call = asyncio.ensure_future(sandbox.exec("echo $$ > /tmp/p; exec sleep 300"))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GONE_WAIT_S
+    while not (pid := (await sandbox.exec("cat /tmp/p 2>/dev/null")).stdout.strip()):
+        assert loop.time() < deadline, "the call never started"
+        await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await wait_gone(sandbox, pid)

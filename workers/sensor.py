@@ -208,7 +208,7 @@ class PipelineStats:
     held: int = 0
     held_dropped: int = 0
     matches: int = 0
-    unowned: int = 0  # alerts of sandboxes no episode owns (an idle pool sandbox)
+    unowned: int = 0  # alerts of sandboxes no episode owns (policy tests, benches, idle pool)
 
 
 class NodePipeline:
@@ -362,7 +362,7 @@ class NodePipeline:
                 log.error("rule %r produced an invalid alert: %s", match.rule, exc)
                 return
             if WORKFLOW_ID_FIELD not in body["output_fields"]:
-                self.stats.unowned += 1  # an idle pool sandbox: nobody to tell, still enforced
+                self.stats.unowned += 1  # posted (real Falco's path: SandboxId), never frozen
             await self._freeze_in_place(body, evt)
             self.poster.submit(body, evt.ts_ns, lambda _outcome: self._done(full_id))
             handed = True
@@ -376,7 +376,8 @@ class NodePipeline:
         decision = self.enforcer.decide(body)
         full_id = str(body["output_fields"].get("container.full_id"))
         self.actions.setdefault(full_id, set()).add(decision.action)
-        if decision.action in ("kill", "quarantine") and not decision.dry_run:
+        owned = WORKFLOW_ID_FIELD in body["output_fields"]  # only an episode's sandbox
+        if owned and decision.action in ("kill", "quarantine") and not decision.dry_run:
             await self.enforcer.freeze_now(body, decision, evt.wall_ns)
 
     def _done(self, full_id: str) -> None:

@@ -300,7 +300,11 @@ class LocalEnforcer:
         decision = self.decide(body)
         sandbox_id = str(body["output_fields"].get("container.full_id") or "")
         done = "nothing"
-        if sandbox_id and decision.action in ("kill", "quarantine"):
+        if _owner(body) is None:
+            # Not an episode's (a policy test's, a bench's, an idle pool sandbox):
+            # whoever made it owns its fate; the alert is recorded.
+            done = "no episode owns the sandbox"
+        elif sandbox_id and decision.action in ("kill", "quarantine"):
             act = self._destroy if decision.action == "kill" else self._pause
             try:
                 await act(sandbox_id)

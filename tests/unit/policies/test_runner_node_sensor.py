@@ -241,3 +241,30 @@ async def test_a_full_queue_enforces_instead_of_dropping() -> None:
     assert [rule for rule, _ in enforced.calls] == ["2", "3", "4"]
     assert poster.stats.enforced == 3 and poster.stats.queued == 5
     await poster.stop()
+
+
+async def test_the_node_enforces_only_on_an_episodes_sandbox(
+    tmp_path: Path, engine: RuleEngine
+) -> None:
+    """A policy test's or a bench's sandbox has no episode: recorded, never acted on."""
+    from policies.responses import load_responses
+    from workers.sensor_delivery import LocalEnforcer
+
+    acted: list[str] = []
+
+    async def act(full_id: str) -> None:
+        acted.append(full_id)
+
+    enforcer = LocalEnforcer(
+        load_responses(RULES.parents[1] / "responses.yaml"), destroy=act, pause=act,
+        enforced_record=tmp_path / "enforced.jsonl", frozen_record=tmp_path / "frozen.jsonl",
+    )  # fmt: skip
+    evt = write_bin(MINE)
+    body = alert_body(engine.evaluate(evt)[0], evt, "h")  # no owner label
+    await enforcer.enforce(body, "episode closed")
+    assert acted == []
+    assert "no episode owns" in (tmp_path / "enforced.jsonl").read_text()
+    evt.container = ContainerInfo(full_id=MINE, labels={"corral.workflow_id": "ep-9"})
+    owned = alert_body(engine.evaluate(evt)[0], evt, "h")
+    await enforcer.enforce(owned, "episode closed")
+    assert acted == [MINE]  # quarantine: frozen on the node

@@ -5,8 +5,9 @@ on its unix socket (`StackConfig.sensor_socket(node)`, served by
 `workers/sensor_service.py`):
 
 * ``require()`` before it starts: is the sensor watching? A node whose sensor
-  is down starts no agent command (``SensorDown``, retried by Temporal) unless
-  ``sensor.required`` is false (``corral up --allow-unwatched``).
+  is down starts no agent command: the command waits for a restarting sensor
+  (up to a minute), then fails with ``SensorDown``, unless ``sensor.required``
+  is false (``corral up --allow-unwatched``).
 * ``settle(sandbox_id)`` after it ends: the sensor stamps a tick behind every
   record the kernel had written, judges the events up to it, and answers
   once each alert of the sandbox is delivered to the intake (so the alert's
@@ -33,6 +34,8 @@ from sandbox.errors import CorralError
 
 VerdictStatus = Literal["ok", "behind", "down", "gap", "unsupported", "off"]
 PING_TIMEOUT_S = 5.0
+REQUIRE_WAIT_S = 60.0  # a command waits this long for a restarting sensor
+REQUIRE_RETRY_S = 0.5
 
 
 class SensorDown(CorralError):
@@ -59,28 +62,37 @@ class Verdict(BaseModel):
 
 class SensorWatch:
     def __init__(
-        self, socket_path: Path, *, enabled: bool, required: bool, settle_timeout_s: float
+        self,
+        socket_path: Path,
+        *,
+        enabled: bool,
+        required: bool,
+        settle_timeout_s: float,
+        wait_s: float = REQUIRE_WAIT_S,
     ) -> None:
         self.socket_path = socket_path
         self.enabled = enabled
         self.required = required
         self.settle_timeout_s = settle_timeout_s
+        self.wait_s = wait_s
 
     async def require(self) -> int:
-        """Raise SensorDown unless the sensor watches; returns its gap count."""
+        """The sensor's gap count once it watches. A sensor that is restarting
+        is waited for (``wait_s``); then SensorDown, unless it is not required."""
         if not self.enabled:
             return 0
-        try:
-            answer = await self._ask({"op": "ping"}, PING_TIMEOUT_S)
-        except (OSError, TimeoutError, ValueError) as err:
-            if self.required:
-                raise SensorDown(
-                    f"the node's sensor does not answer on {self.socket_path}: {err}"
-                ) from err
-            return 0
-        if answer.get("status") == "down" and self.required:
-            raise SensorDown("the node's sensor is not attached to the kernel")
-        return int(answer.get("gaps", 0))
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                answer = await self._ask({"op": "ping"}, PING_TIMEOUT_S)
+                why = "is not attached to the kernel" if answer.get("status") == "down" else ""
+            except (OSError, TimeoutError, ValueError) as err:
+                answer, why = {}, f"does not answer on {self.socket_path}: {err}"
+            if not why or not self.required:
+                return int(answer.get("gaps", 0))
+            if time.monotonic() >= deadline:
+                raise SensorDown(f"the node's sensor {why}")
+            await asyncio.sleep(REQUIRE_RETRY_S)
 
     async def settle(self, sandbox_id: str, gaps: int | None = None) -> Verdict:
         """Until the sensor has judged the sandbox's events so far (bounded)."""

@@ -64,3 +64,32 @@ async def test_a_lean_step_that_tampers_is_frozen_in_place_and_quarantined(
         assert QUARANTINE_RULE in [a.rule for a in result.alerts]
     finally:
         await end_episode(ep)
+
+
+async def test_no_command_runs_while_the_nodes_sensor_is_down(
+    sensors: Stack, corral: Corral
+) -> None:
+    ep, status = await start_interactive(corral)
+    name = f"sensor-{status.node}"
+    ready = sensors.config.state / "run" / f"{name}.ready"
+    try:
+        sensors.process(name).stop()
+        ready.unlink(missing_ok=True)
+        step = asyncio.ensure_future(ep.exec("echo ran > /tmp/ran; echo ran"))
+        await asyncio.sleep(3)
+        assert not step.done(), "a command ran while the node's sensor was down"
+        sensors.process(name).start(
+            sensors._python("workers.sensor", "--node", status.node), env=sensors._env()
+        )
+        result = await asyncio.wait_for(step, 120)  # the sensor is back: it runs, watched
+        assert result.stdout.strip() == "ran" and result.sensor == "ok", result
+    finally:
+        if not sensors.process(name).running():
+            sensors.process(name).start(
+                sensors._python("workers.sensor", "--node", status.node), env=sensors._env()
+            )
+        for _ in range(240):  # the next tests need it attached; a cap, not a target
+            if ready.exists():
+                break
+            await asyncio.sleep(0.5)
+        await end_episode(ep)

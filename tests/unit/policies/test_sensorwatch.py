@@ -56,7 +56,9 @@ class FakePipeline:
 async def served(tmp_path: Path) -> AsyncIterator[tuple[SensorService, SensorWatch]]:
     service = SensorService(FakeTracer(), FakePipeline(), tmp_path / "run" / "sensor-n.sock")
     await service.start()
-    watch = SensorWatch(service.socket_path, enabled=True, required=True, settle_timeout_s=0.5)
+    watch = SensorWatch(
+        service.socket_path, enabled=True, required=True, settle_timeout_s=0.5, wait_s=0.3
+    )
     yield service, watch
     await service.stop()
 
@@ -100,12 +102,27 @@ async def test_down_and_unsupported_tracers(served: tuple[SensorService, SensorW
 async def test_no_sensor_socket_refuses_commands_unless_allowed(tmp_path: Path) -> None:
     sock = tmp_path / "missing.sock"
     with pytest.raises(SensorDown, match="does not answer"):
-        await SensorWatch(sock, enabled=True, required=True, settle_timeout_s=1).require()
+        await SensorWatch(
+            sock, enabled=True, required=True, settle_timeout_s=1, wait_s=0.3
+        ).require()
     allowed = SensorWatch(sock, enabled=True, required=False, settle_timeout_s=1)
     assert await allowed.require() == 0
     assert (await allowed.settle(SANDBOX)).status == "down"
     off = SensorWatch(sock, enabled=False, required=True, settle_timeout_s=1)
     assert (await off.settle(SANDBOX)).status == "off"
+
+
+async def test_a_command_waits_for_a_restarting_sensor(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    service, watch = served
+    watch.wait_s = 5.0
+    service.sensor._ready.clear()  # restarting: not attached yet
+    waiting = asyncio.ensure_future(watch.require())
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    service.sensor._ready.set()
+    assert await asyncio.wait_for(waiting, 5) == 0
 
 
 async def test_a_malformed_request_gets_an_error_not_a_crash(

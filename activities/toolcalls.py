@@ -13,10 +13,7 @@ or kills, except ``spawn``, which is journaled the same way.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
-from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -26,11 +23,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import ExecStepInput, Step, StepResult
-from activities.node import interrupted_step
-from activities.sensorwatch import SensorDown, SensorWatch
+from activities.node import _heartbeating, _mapped, interrupted_step
+from activities.sensorwatch import SensorWatch
 from sandbox import Containerd
 from sandbox.agent import AgentChannel
-from sandbox.errors import CorralError, SandboxError
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
@@ -269,26 +265,3 @@ class ToolCallActivities:
 
     def _journal(self, sandbox_id: str) -> Path:
         return self._state_dir / "toolcalls" / sandbox_id
-
-
-async def _mapped(work: Awaitable[T]) -> T:
-    try:
-        return await work
-    except CorralError as err:
-        retryable = isinstance(err, SensorDown) or (
-            isinstance(err, SandboxError)
-            and type(err).__name__ in ("ContainerdUnavailable", "ContainerdError")
-        )
-        raise ApplicationError(
-            str(err), type=type(err).__name__, non_retryable=not retryable
-        ) from err
-
-
-async def _heartbeating(work: Awaitable[T]) -> T:
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
-        if done:
-            return task.result()
-        with contextlib.suppress(RuntimeError):  # outside an activity
-            activity.heartbeat()

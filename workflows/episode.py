@@ -513,9 +513,7 @@ class EpisodeWorkflow:
         return result
 
     async def _run_step_once(self, step: Step, source: str) -> StepResult:
-        index = self._s.next_index
-        self._s.next_index += 1
-        self._touch()
+        index = self._claim_index()
         request = ExecStepInput(
             sandbox_id=self._s.sandbox_id,
             step=step,
@@ -536,6 +534,16 @@ class EpisodeWorkflow:
             if cause is not None and cause.type not in INTERRUPTING:
                 raise  # a bad request, not a lost step
             result = interrupted_step(request, str(cause.message) if cause else str(err))
+        return self._record_step(result)
+
+    def _claim_index(self) -> int:
+        """The next step's index in the episode's step log (requests are counted too)."""
+        index = self._s.next_index
+        self._s.next_index += 1
+        self._touch()
+        return index
+
+    def _record_step(self, result: StepResult) -> StepResult:
         self._s.steps.append(result)
         self._s.steps_this_run += 1
         self._touch()
@@ -777,9 +785,7 @@ class EpisodeWorkflow:
             await self._wait_unfrozen()
             self._check_open()
             await _surfaced(self._wake())
-            index = self._s.next_index
-            self._s.next_index += 1
-            self._touch()
+            index = self._claim_index()
             timeout_s = request.timeout_s or self._spec.timeouts.step_s
             call = ToolExecInput(
                 sandbox_id=self._s.sandbox_id,
@@ -792,10 +798,7 @@ class EpisodeWorkflow:
             result: StepResult = await _surfaced(
                 self._node_activity(ToolCallActivities.tool_exec, call, timeout_s=timeout_s + 60)
             )
-            self._s.steps.append(result)
-            self._s.steps_this_run += 1
-            self._touch()
-            return result
+            return self._record_step(result)
 
     @tool_exec_update.validator
     def _validate_tool_exec(self, request: ToolExecRequest) -> None:
@@ -809,9 +812,7 @@ class EpisodeWorkflow:
             await self._wait_unfrozen()
             self._check_open()
             await _surfaced(self._wake())
-            index = self._s.next_index
-            self._s.next_index += 1
-            self._touch()
+            index = self._claim_index()
             call = SpawnInput(
                 sandbox_id=self._s.sandbox_id, index=index, request=request, base_env=self._spec.env
             )

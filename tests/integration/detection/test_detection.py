@@ -139,13 +139,3 @@ async def test_warm_paths_ran_on_pool_sandboxes(path_runs: PathRuns, path: str) 
 async def test_cold_paths_never_claim_the_pool(path_runs: PathRuns, path: str) -> None:
     records = await path_runs.get(path)
     assert not [r.episode_id for r in records if r.warm], f"{path}: a cold spec ran warm"
-
-
-def test_benign_work_on_debian() -> None:
-    """The issue's benign corpus (a venv, a test run, git, a compiler) wants a Debian
-    image; neither test stack holds one (busybox only) and none is built here."""
-    pytest.skip(
-        "no Debian image on the detection stack: the test stacks hold busybox only, building "
-        "one (debootstrap + apt: network, minutes) does not fit a 3-minute suite, and pip "
-        "installs into a venv cannot run offline; the busybox corpus runs on every path"
-    )

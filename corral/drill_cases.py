@@ -33,6 +33,7 @@ SETNS = "Setns in sandbox"
 UNSHARE = "Unshare in sandbox"
 KERNEL_WRITE = "Write to kernel interface from sandbox"
 PTRACE_ATTACH = "PTRACE attach in sandbox"
+TOOL_TAMPER = "Tamper with Corral tools in sandbox"
 
 # Denied by Corral's seccomp profile before the syscall tracepoints run: seen
 # only through the raw sys_exit program (policies/sensor/bpf).
@@ -174,6 +175,14 @@ CASES: tuple[Case, ...] = (
         "unshare",
         "quarantined",
         note=SECCOMP_DENIED,
+    ),
+    Case(
+        "corral-tool-tamper",
+        # /.corral/init is a read-only bind mount: the write fails, the attempt is the signal.
+        "echo x > /.corral/init 2>/dev/null; true",
+        TOOL_TAMPER,
+        "sh",
+        "killed",
     ),
     Case(
         "ptrace-attach",

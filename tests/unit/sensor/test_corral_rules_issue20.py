@@ -74,3 +74,20 @@ def test_runcs_mounts_of_its_binary_copy_are_the_runtime(engine: RuleEngine) -> 
     # The agent's own attempt is refused by seccomp: it still alerts, whatever the path.
     assert rules(engine, umount(-1, target)) == ["Mount in sandbox"]
     assert rules(engine, umount(-1, "/proc/sys")) == ["Mount in sandbox"]
+
+
+def test_an_attempt_on_corrals_tools_is_tampering(engine: RuleEngine) -> None:
+    """The init and the exec agent below /.corral are read-only; writing one fails."""
+    sh = Process(pid=800, vpid=6, name="sh", parent=RUNC)
+    flags = 0o1101  # O_WRONLY|O_CREAT|O_TRUNC
+    write = Event(type="openat", res=-30, proc=sh, container=BOX, num=1,  # EROFS
+                  args={"name": "/.corral/agent", "flags": flags},
+                  fd=FdInfo(num=-1, type="file", name="/.corral/agent", flags=flags))  # fmt: skip
+    assert rules(engine, write) == ["Tamper with Corral tools in sandbox"]
+    rm = Event(type="unlinkat", res=-30, proc=sh, container=BOX, num=1,
+               args={"dirfd": -100, "name": "/.corral/init", "flags": 0})  # fmt: skip
+    assert rules(engine, rm) == ["Tamper with Corral tools in sandbox"]
+    read = Event(type="openat", res=3, proc=sh, container=BOX, num=1,
+                 args={"name": "/.corral/init", "flags": 0},
+                 fd=FdInfo(num=3, type="file", name="/.corral/init", flags=0))  # fmt: skip
+    assert rules(engine, read) == []

@@ -119,20 +119,9 @@ class RunRecord(BaseModel):
     error: str = ""
 
 
-class PathReport(BaseModel):
-    cases: int
-    caught: int
-    caught_ratio: float
-    false_alarms: int
-    stray_alerts: int
-    frozen_p50_ms: float | None
-    frozen_p99_ms: float | None
-    frozen_source: str
-    warm_runs: int
-    missed: list[str]
+class _Tally(BaseModel):
+    """What one path, or the whole drill, counted."""
 
-
-class DrillReport(BaseModel):
     cases: int
     caught: int
     caught_ratio: float
@@ -143,6 +132,14 @@ class DrillReport(BaseModel):
     frozen_p50_ms: float | None
     frozen_p99_ms: float | None
     frozen_source: str  # sensor | episode | mixed | none
+
+
+class PathReport(_Tally):
+    warm_runs: int
+    missed: list[str]
+
+
+class DrillReport(_Tally):
     paths: dict[str, PathReport]
     skipped: dict[str, str]  # case -> why it does not run
     runs: list[RunRecord]

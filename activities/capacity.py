@@ -1,21 +1,37 @@
-"""A node's budget and what its sandboxes have taken of it.
+"""A node's budget, what its sandboxes use of it, and when it admits one more.
 
-CPU is nominal and overcommitted: an elastic sandbox's `cpu_cores` is its
-ceiling while a step runs, not a reservation (sandbox/cgroups.py), so the
-specs a node holds may add up to `overcommit` x its cores. Memory and pids
-are physical and shared by everything on the host, so they are measured,
-not summed from specs: the node refuses a sandbox while the host's memory in
-use or its thread count is at the budget. The sandbox count is this node's.
+Admission follows use, not ceilings. An idle sandbox takes about 1.5 MiB and
+no CPU (docs/tenants.md); counting each one's nominal `cpu_cores` or
+`memory_mb` made a 2-core node turn away its hundred-and-first sandbox while
+the machine sat idle. So a node admits while what it measures allows:
+
+- memory in use (MemTotal - MemAvailable) under `memory_mb`;
+- host threads under `pids` (shims and sandboxes share `kernel.pid_max`);
+- free disk under the state directory at least `disk_min_free_mb`;
+- CPU pressure (PSI `some avg10`) under `cpu_pressure_high` - counted only
+  while the sandboxes' running steps hold at least the node's cores, so the
+  node's own burst of provisioning (runc, shims) never closes the gate on the
+  burst it is serving;
+- its sandbox count under `max_sandboxes` (a hard cap, no hysteresis).
+
+Each measured limit has hysteresis: once a limit closes the gate it stays
+closed until use falls back below the low-water mark, so a node at the edge
+does not flap between admitting and refusing with every heartbeat. Nominal
+`cpu_cores` still caps each sandbox's CPU while it runs (sandbox/cgroups.py);
+`overcommit` only sizes the nominal CPU that tenants' quotas share
+(workers/tenants.py).
 
 `corral.provision` asks `room_for` before it makes a sandbox and raises
 `NodeFull` (an `ApplicationError` type the workflow re-places on) when the
-answer names an exhausted budget.
+answer names a limit. Placement reads the same figures from heartbeats.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +43,9 @@ HOST_SHARE = 0.9
 # Host threads an idle sandbox costs (runc shim threads plus the sandbox's
 # processes; fewer with shim groups): the default sandbox count follows pid_max.
 THREADS_PER_IDLE_SANDBOX = 6
+# Memory a new idle sandbox takes on the host (its cgroup ~1.5 MiB plus a share
+# of its shim), counted for placements a heartbeat has not reported yet.
+IDLE_SANDBOX_MB = 8
 DEFAULT_OVERCOMMIT = 50.0
 
 
@@ -39,6 +58,10 @@ class NodeBudgetConfig(BaseModel):
     pids: int | None = Field(default=None, ge=64)
     max_sandboxes: int | None = Field(default=None, ge=0)
     overcommit: float = Field(default=DEFAULT_OVERCOMMIT, ge=1)
+    cpu_pressure_high: float = Field(default=90.0, gt=0, le=100)
+    cpu_pressure_low: float = Field(default=60.0, ge=0, le=100)
+    hysteresis: float = Field(default=0.05, ge=0, lt=1)
+    disk_min_free_mb: int = Field(default=256, ge=0)
 
 
 def node_capacity(budget: NodeBudgetConfig | None = None) -> NodeCapacity:
@@ -55,42 +78,135 @@ def node_capacity(budget: NodeBudgetConfig | None = None) -> NodeCapacity:
             else pids // THREADS_PER_IDLE_SANDBOX
         ),
         overcommit=budget.overcommit,
+        cpu_pressure_high=budget.cpu_pressure_high,
+        cpu_pressure_low=min(budget.cpu_pressure_low, budget.cpu_pressure_high),
+        hysteresis=budget.hysteresis,
+        disk_min_free_mb=budget.disk_min_free_mb,
     )
 
 
-def committed(cpu_cores: dict[str, float], busy: int = 0) -> NodeUsage:
-    """Use of the budget: `cpu_cores` maps this node's live sandboxes to their
-    ceilings; memory and threads are the host's."""
+def measure(
+    cpu_cores: dict[str, float], busy: set[str] | None = None, disk: Path | None = None
+) -> NodeUsage:
+    """What the node uses now: `cpu_cores` maps its live sandboxes to their
+    ceilings, `busy` names those running a step; memory, threads, CPU pressure
+    and disk are the host's."""
+    busy = busy or set()
     return NodeUsage(
         sandboxes=len(cpu_cores),
-        busy=busy,
+        busy=len(busy),
         cpu_cores=round(sum(cpu_cores.values()), 3),
+        busy_cores=round(sum(cpu_cores.get(s, 1.0) for s in busy), 3),
+        cpu_pressure=cpu_pressure(),
         memory_mb=meminfo_mb("MemTotal") - meminfo_mb("MemAvailable"),
         pids=_host_threads(),
+        disk_free_mb=disk_free_mb(disk) if disk is not None else None,
     )
 
 
-def room_for(capacity: NodeCapacity, use: NodeUsage, cpu_cores: float) -> str | None:
-    """Why one more sandbox with ceiling `cpu_cores` does not fit, or None if it does."""
-    cpu_budget = capacity.cores * capacity.overcommit
+@dataclass
+class AdmissionGate:
+    """A node's measured limits with hysteresis: `judge` closes the gate when a
+    limit is reached and opens it again only below its low-water mark."""
+
+    capacity: NodeCapacity
+    closed: dict[str, str] = field(default_factory=dict)  # limit -> why
+
+    def judge(self, use: NodeUsage) -> NodeUsage:
+        """`use` with `admitting` and `closed` filled in from this measurement."""
+        for limit, (over, below, why) in self._limits(use).items():
+            if limit in self.closed and below:
+                del self.closed[limit]
+            elif limit in self.closed or over:
+                self.closed[limit] = why
+        use.admitting = not self.closed
+        use.closed = "; ".join(self.closed.values())
+        return use
+
+    def _limits(self, use: NodeUsage) -> dict[str, tuple[bool, bool, str]]:
+        """Per limit: at or over it, back under its low-water mark, and the reason."""
+        cap, keep = self.capacity, 1 - self.capacity.hysteresis
+        cpu_bound = use.busy_cores >= cap.cores
+        limits = {
+            "memory": (
+                use.memory_mb >= cap.memory_mb,
+                use.memory_mb <= cap.memory_mb * keep,
+                f"memory budget of {cap.memory_mb} MiB is used up ({use.memory_mb} MiB in use)",
+            ),
+            "pids": (
+                use.pids >= cap.pids,
+                use.pids <= cap.pids * keep,
+                f"pids budget of {cap.pids} is used up ({use.pids} threads)",
+            ),
+            "cpu": (
+                cpu_bound and use.cpu_pressure >= cap.cpu_pressure_high,
+                not cpu_bound or use.cpu_pressure <= cap.cpu_pressure_low,
+                f"CPU pressure {use.cpu_pressure:.0f}% >= {cap.cpu_pressure_high:g}% with "
+                f"{use.busy} sandboxes running steps ({use.busy_cores:g} of {cap.cores:g} cores)",
+            ),
+        }
+        if use.disk_free_mb is not None:
+            floor = cap.disk_min_free_mb
+            limits["disk"] = (
+                use.disk_free_mb < floor,
+                use.disk_free_mb >= floor + max(64, floor * cap.hysteresis),
+                f"disk has {use.disk_free_mb} MiB free, under the {floor} MiB floor",
+            )
+        return limits
+
+
+def room_for(capacity: NodeCapacity, use: NodeUsage) -> str | None:
+    """Why one more sandbox does not fit, or None if it does (`use` judged by
+    the node's `AdmissionGate`)."""
     if use.sandboxes + 1 > capacity.max_sandboxes:
         return f"sandbox budget of {capacity.max_sandboxes} is used up ({use.sandboxes} live)"
-    if use.cpu_cores + cpu_cores > cpu_budget:
-        return (
-            f"cpu budget of {cpu_budget:g} cores ({capacity.cores:g} x {capacity.overcommit:g}) "
-            f"is used up ({use.cpu_cores:g} committed, {cpu_cores:g} asked)"
-        )
-    if use.memory_mb >= capacity.memory_mb:
-        return f"memory budget of {capacity.memory_mb} MiB is used up ({use.memory_mb} MiB in use)"
-    if use.pids >= capacity.pids:
-        return f"pids budget of {capacity.pids} is used up ({use.pids} threads)"
+    return use.closed or None
+
+
+def free_slots(capacity: NodeCapacity, use: NodeUsage, reserved: int = 0) -> int:
+    """How many more idle sandboxes the node can take now, `reserved` of them
+    already promised: the count, memory and threads left, whichever is least."""
+    if not use.admitting:
+        return 0
+    by_count = capacity.max_sandboxes - use.sandboxes
+    by_memory = (capacity.memory_mb - use.memory_mb) // IDLE_SANDBOX_MB
+    by_pids = (capacity.pids - use.pids) // THREADS_PER_IDLE_SANDBOX
+    return max(0, min(by_count, by_memory, by_pids) - reserved)
+
+
+def headroom(capacity: NodeCapacity, use: NodeUsage) -> str:
+    """One line for `corral node list`: what the node can still take, or why not."""
+    if not use.admitting:
+        return f"closed: {use.closed}"
+    memory_left = max(0, capacity.memory_mb - use.memory_mb)
+    return (
+        f"{free_slots(capacity, use)} more; cpu pressure {use.cpu_pressure:.0f}%, "
+        f"{memory_left} MiB, {max(0, capacity.pids - use.pids)} threads left"
+    )
+
+
+def cpu_pressure(pressure: Path = Path("/proc/pressure/cpu")) -> float:
+    """The share of the last 10 s some task waited for a CPU (PSI), in percent;
+    0 on a kernel without PSI."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in pressure.read_text().splitlines():
+            if line.startswith("some "):
+                return float(line.split()[1].split("=")[1])
+    return 0.0
+
+
+def disk_free_mb(path: Path) -> int | None:
+    """Free space on the filesystem holding `path` (the node's state: writable
+    layers, snapshots), or None when it cannot be read."""
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(path).free // (1024 * 1024)
     return None
 
 
-def meminfo_mb(field: str, meminfo: Path = Path("/proc/meminfo")) -> int:
+def meminfo_mb(key: str, meminfo: Path = Path("/proc/meminfo")) -> int:
     with contextlib.suppress(OSError):
         for line in meminfo.read_text().splitlines():
-            if line.startswith(f"{field}:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) // 1024
     return 0
 

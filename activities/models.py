@@ -336,24 +336,35 @@ class TeardownResult(BaseModel):
 
 
 class NodeCapacity(BaseModel):
-    """What a node may hold: its budget. CPU is nominal (`cpu_cores` of the specs
-    it holds may add up to `overcommit` x `cores`); memory and pids are real."""
+    """What a node may hold: its budget (activities/capacity.py). Memory, pids
+    and disk are measured and admit with hysteresis; CPU pressure counts while
+    the sandboxes' steps hold the cores; nominal `cpu_cores` only caps a running
+    sandbox, and `overcommit` sizes the nominal CPU tenants' quotas share."""
 
     cores: float
     memory_mb: int
     pids: int
     max_sandboxes: int
     overcommit: float = 50.0
+    cpu_pressure_high: float = 90.0  # PSI some avg10, percent
+    cpu_pressure_low: float = 60.0
+    hysteresis: float = 0.05  # share of a budget use must fall below to admit again
+    disk_min_free_mb: int = 256
 
 
 class NodeUsage(BaseModel):
-    """What the node's live sandboxes have taken of its budget."""
+    """What the node uses now, and whether it admits another sandbox."""
 
     sandboxes: int = 0
     busy: int = 0  # sandboxes running a step right now
-    cpu_cores: float = 0.0
+    cpu_cores: float = 0.0  # nominal ceilings of the live sandboxes (shown, not gated)
+    busy_cores: float = 0.0  # ceilings of the sandboxes running a step
+    cpu_pressure: float = 0.0  # PSI some avg10, percent
     memory_mb: int = 0
     pids: int = 0
+    disk_free_mb: int | None = None
+    admitting: bool = True
+    closed: str = ""  # the limits that closed the gate, when not admitting
 
 
 class NodeHeartbeat(BaseModel):
@@ -447,6 +458,7 @@ class PlaceInput(BaseModel):
 class Placement(BaseModel):
     node: str | None  # None: no node has room now; `reason` says why
     reason: str = ""
+    position: int = 0  # with no node: the episode's place in the line, 1 = next
 
 
 class SnapshotRequest(BaseModel):

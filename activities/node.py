@@ -30,7 +30,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.capacity import committed, node_capacity, room_for
+from activities.capacity import AdmissionGate, measure, node_capacity, room_for
 from activities.foreground import Foreground
 from activities.models import (
     EpisodeSpec,
@@ -142,6 +142,8 @@ class NodeActivities:
         self._fetch_image = fetch_image
         self._registry = registry or RegistryOptions()
         self.capacity = capacity or node_capacity()
+        # Measured limits with hysteresis: heartbeats and provisions judge alike.
+        self._gate = AdmissionGate(self.capacity)
         self._cpu = ElasticCpu()
         # This node's episode sandboxes and their CPU ceilings (the nominal CPU
         # committed); filled from containerd on first use, then kept in step.
@@ -215,8 +217,9 @@ class NodeActivities:
         )
 
     async def use(self) -> NodeUsage:
-        """What this node's sandboxes have taken of its budget (heartbeats carry it)."""
-        return committed(await self._ledger(), busy=self._cpu.busy_sandboxes())
+        """What this node uses now and whether it admits more (heartbeats carry it)."""
+        ledger = await self._ledger()
+        return self._gate.judge(measure(ledger, self._cpu.busy_ids(), self._state_dir))
 
     async def _ledger(self) -> dict[str, float]:
         """Live sandboxes -> CPU ceiling, read from containerd once per worker."""
@@ -227,7 +230,7 @@ class NodeActivities:
 
     async def _reserve(self, sandbox_id: str, cpu_cores: float) -> None:
         """Take room for a new sandbox, or raise NodeFull naming the used-up budget."""
-        full = room_for(self.capacity, await self.use(), cpu_cores)
+        full = room_for(self.capacity, await self.use())
         if full:
             raise _app_error_from_message("NodeFull", f"node {self.node} is full: {full}")
         (await self._ledger())[sandbox_id] = cpu_cores

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.capacity import IDLE_SANDBOX_MB, THREADS_PER_IDLE_SANDBOX, free_slots
 from activities.models import (
     NodeInfo,
     NodeLostInput,
@@ -41,15 +43,15 @@ SILENT_AFTER_S = 15.0
 # A placement counts against its node until a heartbeat newer than it (which
 # counts the sandbox itself), and at most this long.
 RESERVATION_TTL_S = 15.0
+# A waiting episode asks again every 2 s (workflows/episode.py PLACE_RETRY_S);
+# one silent for this long has ended or gone elsewhere and leaves the line.
+WAITER_STALE_S = 10.0
 
 
 @dataclass
 class _Reservation:
     made: float  # wall clock, comparable with the registry's last_seen
     expires: float
-    cpu_cores: float
-    memory_mb: int
-    pids: int
     image: str
 
 
@@ -62,14 +64,7 @@ class Reservations:
 
     def add(self, node: str, request: PlaceInput) -> None:
         self.by_node.setdefault(node, []).append(
-            _Reservation(
-                time.time(),
-                time.monotonic() + RESERVATION_TTL_S,
-                request.cpu_cores,
-                request.memory_mb,
-                request.pids,
-                request.image,
-            )
+            _Reservation(time.time(), time.monotonic() + RESERVATION_TTL_S, request.image)
         )
 
     def of(self, node: str, reported_at: float = 0.0) -> list[_Reservation]:
@@ -80,13 +75,43 @@ class Reservations:
         return live
 
 
+@dataclass
+class WaitingLine:
+    """Episodes no node had room for, in the order they first asked.
+
+    A waiting episode asks again every few seconds; one that has stopped asking
+    (it ended, or was placed by another worker) leaves the line. A request is
+    placed only when the fleet has room for everyone ahead of it too, so a
+    newcomer never takes the room that frees up for an episode already waiting.
+    """
+
+    asked: OrderedDict[str, float] = field(default_factory=OrderedDict)  # id -> last ask
+
+    def ahead_of(self, waiter: str) -> int:
+        """How many live waiters asked before `waiter` (all of them for a newcomer)."""
+        now = time.monotonic()
+        for stale in [w for w, at in self.asked.items() if now - at > WAITER_STALE_S]:
+            del self.asked[stale]
+        return list(self.asked).index(waiter) if waiter in self.asked else len(self.asked)
+
+    def wait(self, waiter: str) -> int:
+        """Keep `waiter`'s place (or give it the last one); its position, 1 = next."""
+        position = self.ahead_of(waiter) + 1
+        self.asked[waiter] = time.monotonic()
+        return position
+
+    def leave(self, waiter: str) -> None:
+        self.asked.pop(waiter, None)
+
+
 def image_matches(wanted: str, held: str) -> bool:
     """`busybox` matches `corral.local/busybox:latest`: both name one image."""
     return resolve_image_name(wanted) == resolve_image_name(held)
 
 
-def room_problem(node: NodeInfo, request: PlaceInput, reserved: list[_Reservation]) -> str | None:
-    """Why the node cannot take the episode now, or None when it can."""
+def room_problem(node: NodeInfo, reserved: list[_Reservation]) -> str | None:
+    """Why the node cannot take an episode now, or None when it can: what it
+    measured (activities/capacity.py) plus what was placed since it reported."""
     if node.state != "ready":
         return node.state
     # Silent for three heartbeats: on its way to lost (and the cached registry
@@ -94,22 +119,32 @@ def room_problem(node: NodeInfo, request: PlaceInput, reserved: list[_Reservatio
     if time.time() - node.last_seen.timestamp() > SILENT_AFTER_S:
         return "silent"
     cap, use = node.heartbeat.capacity, node.heartbeat.use
+    if not use.admitting:
+        return f"not admitting: {use.closed}"
     if use.sandboxes + len(reserved) + 1 > cap.max_sandboxes:
         return f"at its {cap.max_sandboxes} sandboxes"
-    if use.memory_mb + sum(r.memory_mb for r in reserved) + request.memory_mb > cap.memory_mb:
+    if use.memory_mb + (len(reserved) + 1) * IDLE_SANDBOX_MB > cap.memory_mb:
         return f"out of memory budget ({cap.memory_mb} MiB)"
-    if use.pids + sum(r.pids for r in reserved) + request.pids > cap.pids:
+    if use.pids + (len(reserved) + 1) * THREADS_PER_IDLE_SANDBOX > cap.pids:
         return f"out of pids budget ({cap.pids})"
-    cpu = use.cpu_cores + sum(r.cpu_cores for r in reserved) + request.cpu_cores
-    if cpu > cap.cores * cap.overcommit:
-        return f"out of CPU budget ({cap.cores:g} cores x {cap.overcommit:g})"
     return None
+
+
+def fleet_room(nodes: list[NodeInfo], reservations: Reservations) -> int:
+    """How many more sandboxes the fleet can take now, over its ready nodes."""
+    room = 0
+    for node in nodes:
+        reserved = reservations.of(node.name, node.last_seen.timestamp())
+        if room_problem(node, reserved) is None:
+            beat = node.heartbeat
+            room += free_slots(beat.capacity, beat.use, len(reserved))
+    return room
 
 
 def _load(node: NodeInfo, reserved: list[_Reservation]) -> float:
     cap, use = node.heartbeat.capacity, node.heartbeat.use
     sandboxes = (use.sandboxes + len(reserved)) / max(cap.max_sandboxes, 1)
-    memory = (use.memory_mb + sum(r.memory_mb for r in reserved)) / max(cap.memory_mb, 1)
+    memory = (use.memory_mb + len(reserved) * IDLE_SANDBOX_MB) / max(cap.memory_mb, 1)
     return sandboxes + memory + node.heartbeat.load1 / max(cap.cores, 1.0)
 
 
@@ -137,7 +172,7 @@ def choose_node(
             problems.append(f"{node.name} lost")
             continue
         reserved = reservations.of(node.name, node.last_seen.timestamp())
-        problem = room_problem(node, request, reserved)
+        problem = room_problem(node, reserved)
         if problem is not None:
             problems.append(f"{node.name} {problem}")
             continue
@@ -171,11 +206,33 @@ class FleetActivities:
         self._records = records
         self._metrics = metrics
         self._reservations = Reservations()
+        self._line = WaitingLine()
         self._rng = random.Random()
 
     @activity.defn(name="corral.place")
     async def place(self, request: PlaceInput) -> Placement:
-        return choose_node(self._nodes(), request, self._reservations, self._rng)
+        return self.place_in_order(activity.info().workflow_id or "", request)
+
+    def place_in_order(self, waiter: str, request: PlaceInput) -> Placement:
+        """A node for `waiter`'s episode, unless the fleet's room is all needed by
+        the episodes that asked before it: then its place in the line."""
+        nodes = self._nodes()
+        ahead = self._line.ahead_of(waiter)
+        if ahead and ahead >= fleet_room(nodes, self._reservations):
+            position = self._line.wait(waiter)
+            return Placement(
+                node=None,
+                reason=f"waiting for room: {_ordinal(position)} in line ({ahead} ahead)",
+                position=position,
+            )
+        placement = choose_node(nodes, request, self._reservations, self._rng)
+        if placement.node is not None:
+            self._line.leave(waiter)
+            return placement
+        position = self._line.wait(waiter)
+        placement.reason = f"{_ordinal(position)} in line; {placement.reason}"
+        placement.position = position
+        return placement
 
     @activity.defn(name="corral.record_episode")
     async def record_episode(self, input: RecordEpisodeInput) -> None:
@@ -209,3 +266,8 @@ class FleetActivities:
                 told += 1
             activity.heartbeat(told)
         return told
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

@@ -71,6 +71,7 @@ async def node_kill(ctx: Context, name: str) -> None:
 @run_async
 async def node_list(ctx: Context, as_json: bool) -> None:
     """Every node the registry knows, with its state (ready, draining, lost)."""
+    from activities.capacity import headroom
     from workers.temporal import connect
     from workflows.nodes import list_nodes
 
@@ -79,7 +80,7 @@ async def node_list(ctx: Context, as_json: bool) -> None:
         emit_json([info.model_dump(mode="json") for info in nodes])
         return
     table = Table(title=f"Nodes ({len(nodes)})", title_justify="left")
-    for col in ("node", "state", "sandboxes", "busy", "load1", "host", "last seen"):
+    for col in ("node", "state", "sandboxes", "busy", "headroom", "load1", "host", "last seen"):
         table.add_column(col)
     now = datetime.now(UTC)
     for info in nodes:
@@ -87,7 +88,7 @@ async def node_list(ctx: Context, as_json: bool) -> None:
         ago = (now - info.last_seen).total_seconds()
         table.add_row(
             info.name, _state(info.state), str(beat.use.sandboxes), str(beat.use.busy),
-            f"{beat.load1:.2f}", beat.host, f"{ago:.0f} s ago",
+            headroom(beat.capacity, beat.use), f"{beat.load1:.2f}", beat.host, f"{ago:.0f} s ago",
         )  # fmt: skip
     out.print(table)
 

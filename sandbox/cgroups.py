@@ -77,6 +77,10 @@ class ElasticCpu:
     def busy_sandboxes(self) -> int:
         return len(self._running)
 
+    def busy_ids(self) -> set[str]:
+        """The sandboxes running a step now (admission counts their ceilings)."""
+        return set(self._running)
+
     @contextlib.contextmanager
     def busy(self, sandbox_id: str, labels: dict[str, str]) -> Iterator[None]:
         """Full weight for the body; a no-op for a sandbox whose weight is reserved."""

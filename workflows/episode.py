@@ -367,6 +367,7 @@ class EpisodeWorkflow:
                 result_type=Placement,
                 start_to_close_timeout=timedelta(seconds=5),
             )
+            self._s.queue_position = placement.position
             if placement.node is not None:
                 return placement.node
             self._wait_for(placement.reason)
@@ -914,6 +915,7 @@ class EpisodeWorkflow:
             quarantined=self._s.quarantined,
             last_activity=self._s.last_activity,
             reason=self._s.reason,
+            queue_position=self._s.queue_position,
         )
 
     @workflow.query

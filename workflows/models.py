@@ -159,6 +159,7 @@ class EpisodeState(BaseModel):
     # Every hibernation's snapshot: internal, removed from the node at teardown.
     hibernations: list[str] = Field(default_factory=list)
     reason: str = ""
+    queue_position: int = 0  # waiting for a node: place in the line, 1 = next
     last_activity: datetime | None = None
     # Per run: bumped by every request (resets the idle timer), counted for
     # continue-as-new, set when the body stopped so that the next run goes on.
@@ -214,6 +215,7 @@ class EpisodeStatus(BaseModel):
     quarantined: bool
     last_activity: datetime | None
     reason: str = ""
+    queue_position: int = 0  # waiting for a node: place in the line, 1 = next; 0 = not waiting
 
 
 EpisodeInput.model_rebuild()

@@ -14,7 +14,14 @@ from activities.models import (
     NodeUsage,
     PlaceInput,
 )
-from activities.placement import Reservations, choose_node, image_matches
+from activities.placement import (
+    FleetActivities,
+    Reservations,
+    WaitingLine,
+    choose_node,
+    fleet_room,
+    image_matches,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -77,20 +84,26 @@ def test_lost_draining_and_excluded_nodes_are_never_chosen() -> None:
 def test_no_room_says_why_per_node() -> None:
     small = NodeCapacity(cores=1, memory_mb=1024, pids=300, max_sandboxes=1)
     full = _node("full", sandboxes=1, capacity=small)
-    tight = _node("tight", memory_mb=900, capacity=small.model_copy(update={"max_sandboxes": 9}))
-    placement = choose_node([full, tight], _request(), Reservations(), random.Random(1))
+    tight = _node("tight", memory_mb=1020, capacity=small.model_copy(update={"max_sandboxes": 9}))
+    closed = _node("closed", capacity=small.model_copy(update={"max_sandboxes": 9}))
+    closed.heartbeat.use.admitting = False
+    closed.heartbeat.use.closed = "CPU pressure 97% >= 90%"
+    placement = choose_node([full, tight, closed], _request(), Reservations(), random.Random(1))
     assert placement.node is None
     assert placement.reason.startswith("no node with room: ")
     assert "full at its 1 sandboxes" in placement.reason
     assert "tight out of memory budget (1024 MiB)" in placement.reason
+    assert "closed not admitting: CPU pressure 97% >= 90%" in placement.reason
 
 
-def test_nominal_cpu_is_overcommitted_up_to_the_factor() -> None:
-    capacity = NodeCapacity(cores=1, memory_mb=10**6, pids=10**6, max_sandboxes=10**6, overcommit=3)
-    node = _node("n", capacity=capacity)
+def test_nominal_cpu_and_memory_do_not_limit_idle_sandboxes() -> None:
+    # 2 cores and 8 GiB: 128 episodes asking 1 core and 512 MiB each all fit,
+    # because admission counts what sandboxes use, not their ceilings.
+    node = _node("n")
     reservations, rng = Reservations(), random.Random(3)
-    placed = [choose_node([node], _request(memory_mb=16), reservations, rng).node for _ in range(4)]
-    assert placed == ["n", "n", "n", None]  # 3 cores nominal on 1 physical core
+    placed = [choose_node([node], _request(), reservations, rng).node for _ in range(100)]
+    assert placed == ["n"] * 100  # max_sandboxes is 100
+    assert choose_node([node], _request(), reservations, rng).node is None
 
 
 def test_a_burst_spreads_over_equal_nodes() -> None:
@@ -117,3 +130,46 @@ def test_a_silent_node_gets_no_episode_before_it_is_marked_lost() -> None:
     )
     placement = choose_node([silent], _request(), Reservations(), random.Random(2))
     assert placement.node is None and "quiet silent" in placement.reason
+
+
+def _fleet(node: NodeInfo) -> FleetActivities:
+    return FleetActivities(lambda: [node])
+
+
+def test_waiting_episodes_are_served_in_arrival_order() -> None:
+    capacity = NodeCapacity(cores=2, memory_mb=10**6, pids=10**6, max_sandboxes=2)
+    full = _node("n", sandboxes=2, capacity=capacity)
+    fleet = _fleet(full)
+    first = fleet.place_in_order("wf-a", _request())
+    second = fleet.place_in_order("wf-b", _request())
+    assert (first.node, first.position) == (None, 1)
+    assert (second.node, second.position) == (None, 2)
+    assert "1st in line" in first.reason and "2nd in line" in second.reason
+    # One sandbox frees: a newcomer does not take it from those waiting.
+    fleet._nodes = lambda: [_node("n", sandboxes=1, capacity=capacity)]
+    newcomer = fleet.place_in_order("wf-c", _request())
+    assert newcomer.node is None and newcomer.position == 3
+    assert "2 ahead" in newcomer.reason
+    # The second waiter still waits behind the first; the first gets the room.
+    assert fleet.place_in_order("wf-b", _request()).position == 2
+    assert fleet.place_in_order("wf-a", _request()).node == "n"
+    assert fleet.place_in_order("wf-b", _request()).position == 1
+
+
+def test_a_waiter_that_stops_asking_leaves_the_line() -> None:
+    line = WaitingLine()
+    assert line.wait("gone") == 1 and line.wait("stays") == 2
+    line.asked["gone"] -= 60  # last asked a minute ago
+    assert line.ahead_of("stays") == 0
+    assert line.wait("stays") == 1
+
+
+def test_fleet_room_counts_free_slots_over_admitting_nodes() -> None:
+    capacity = NodeCapacity(cores=2, memory_mb=10**6, pids=10**6, max_sandboxes=10)
+    open_node = _node("a", sandboxes=4, capacity=capacity)
+    closed = _node("b", capacity=capacity)
+    closed.heartbeat.use.admitting = False
+    reservations = Reservations()
+    assert fleet_room([open_node, closed], reservations) == 6
+    reservations.add("a", _request())
+    assert fleet_room([open_node, closed], reservations) == 5

@@ -1,0 +1,100 @@
+"""A node admits by what its sandboxes use, with hysteresis (activities/capacity.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from activities.capacity import (
+    AdmissionGate,
+    NodeBudgetConfig,
+    cpu_pressure,
+    free_slots,
+    headroom,
+    measure,
+    node_capacity,
+    room_for,
+)
+from activities.models import NodeCapacity, NodeUsage
+
+CAPACITY = NodeCapacity(cores=2, memory_mb=1000, pids=10_000, max_sandboxes=5000)
+
+
+def _use(**kw: float) -> NodeUsage:
+    return NodeUsage.model_validate({"memory_mb": 100, "pids": 500, **kw})
+
+
+def test_a_thousand_idle_sandboxes_with_nominal_cores_fit_a_two_core_node() -> None:
+    gate = AdmissionGate(CAPACITY)
+    # 1,000 idle sandboxes of 1 core each: 1,000 nominal cores on 2 physical.
+    use = gate.judge(_use(sandboxes=1000, cpu_cores=1000.0, cpu_pressure=99.0))
+    assert use.admitting and room_for(CAPACITY, use) is None
+
+
+def test_cpu_pressure_closes_the_gate_only_while_steps_hold_the_cores() -> None:
+    gate = AdmissionGate(CAPACITY)
+    busy = {"busy": 2, "busy_cores": 2.0}
+    assert not gate.judge(_use(cpu_pressure=95.0, **busy)).admitting
+    # Still above the low-water mark: stays closed (no flapping at the edge).
+    closed = gate.judge(_use(cpu_pressure=70.0, **busy))
+    assert not closed.admitting and "CPU pressure 70% >= 90%" in closed.closed
+    assert room_for(CAPACITY, closed) == closed.closed
+    assert gate.judge(_use(cpu_pressure=55.0, **busy)).admitting
+    # Pressure from provisioning itself (no step running) never closes it.
+    assert gate.judge(_use(cpu_pressure=100.0, busy=0, busy_cores=0.0)).admitting
+
+
+def test_memory_reopens_only_below_its_low_water_mark() -> None:
+    gate = AdmissionGate(CAPACITY)  # 5 % hysteresis: reopens at 950 MiB
+    assert not gate.judge(_use(memory_mb=1000)).admitting
+    assert not gate.judge(_use(memory_mb=960)).admitting
+    reopened = gate.judge(_use(memory_mb=950))
+    assert reopened.admitting and reopened.closed == ""
+
+
+def test_low_disk_closes_the_gate_and_says_so() -> None:
+    gate = AdmissionGate(CAPACITY)
+    use = gate.judge(_use(disk_free_mb=100))
+    assert not use.admitting and "disk has 100 MiB free, under the 256 MiB floor" in use.closed
+    assert not gate.judge(_use(disk_free_mb=300)).admitting  # floor + 64 MiB to reopen
+    assert gate.judge(_use(disk_free_mb=400)).admitting
+
+
+def test_the_sandbox_count_is_a_hard_cap() -> None:
+    use = AdmissionGate(CAPACITY).judge(_use(sandboxes=5000))
+    assert room_for(CAPACITY, use) == "sandbox budget of 5000 is used up (5000 live)"
+
+
+def test_free_slots_is_the_least_of_count_memory_and_threads() -> None:
+    assert free_slots(CAPACITY, _use(sandboxes=10)) == (1000 - 100) // 8
+    assert free_slots(CAPACITY, _use(sandboxes=10), reserved=12) == (1000 - 100) // 8 - 12
+    assert free_slots(CAPACITY, _use(admitting=False)) == 0
+
+
+def test_measure_counts_busy_ceilings_and_reads_the_host(tmp_path: Path) -> None:
+    use = measure({"a": 1.0, "b": 0.5, "c": 2.0}, {"b", "c"}, tmp_path)
+    assert (use.sandboxes, use.busy, use.cpu_cores, use.busy_cores) == (3, 2, 3.5, 2.5)
+    assert use.memory_mb > 0 and use.pids > 0
+    assert use.disk_free_mb is not None and use.disk_free_mb > 0
+
+
+def test_cpu_pressure_reads_psi_some_avg10(tmp_path: Path) -> None:
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=12.50 avg60=3.00 avg300=1.00 total=1\nfull avg10=0.00\n")
+    assert cpu_pressure(psi) == 12.5
+    assert cpu_pressure(tmp_path / "missing") == 0.0
+
+
+def test_the_budget_config_carries_the_new_limits() -> None:
+    budget = NodeBudgetConfig(cpu_pressure_high=80, cpu_pressure_low=95, disk_min_free_mb=1)
+    capacity = node_capacity(budget)
+    assert capacity.cpu_pressure_high == 80 and capacity.cpu_pressure_low == 80
+    assert capacity.disk_min_free_mb == 1
+
+
+def test_headroom_says_what_is_left_or_why_closed() -> None:
+    line = headroom(CAPACITY, _use(sandboxes=10, cpu_pressure=3.4))
+    assert line == "112 more; cpu pressure 3%, 900 MiB, 9500 threads left"
+    gate = AdmissionGate(CAPACITY)
+    assert headroom(CAPACITY, gate.judge(_use(memory_mb=1200))).startswith(
+        "closed: memory budget of 1000 MiB is used up"
+    )

@@ -11,6 +11,7 @@ APT_PACKAGES=(
   btrfs-progs gcc libc6-dev golang-go
   clang llvm libbpf-dev libelf-dev zlib1g-dev bpftool make
   chromium prometheus nginx-light
+  docker.io  # a peer for `corral bench` (corral/bench_engines.py runs its own private dockerd)
 )
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
@@ -31,6 +32,16 @@ if ((${#missing[@]})); then
     else
       update-rc.d nginx disable >/dev/null 2>&1 || true
       if [[ -s /run/nginx.pid ]]; then nginx -s quit || true; fi
+    fi
+  fi
+  # docker.io: the bench starts a private dockerd with no bridge or iptables;
+  # the distro's service (bridge, NAT rules) must not run beside the tests.
+  if [[ " ${missing[*]} " == *" docker.io "* ]]; then
+    if [[ -d /run/systemd/system ]]; then
+      systemctl disable -q --now docker.socket docker.service || true
+    else
+      update-rc.d docker disable >/dev/null 2>&1 || true
+      if [[ -s /var/run/docker.pid ]]; then kill "$(cat /var/run/docker.pid)" || true; fi
     fi
   fi
 fi

@@ -1,0 +1,131 @@
+"""docker as a benchmark peer, brought by the bench itself.
+
+A fresh machine of this kind has the docker CLI, Debian's `docker.io` engine
+(installed by scripts/setup.sh) but no running daemon and no image: no
+registry is reachable. So a bench that compares against docker asks
+`docker_engine` for one: the engine that already answers (`DOCKER_HOST` or
+the default socket), else a private `dockerd` under the stack's state
+directory with no bridge, no iptables and no masquerading (it must not touch
+the host's network), stopped by `close()`. Either way the engine gets the
+same busybox rootfs Corral's sandboxes run (`sandbox/oci_archive.py`),
+imported as `busybox` when it has none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.oci_archive import build_busybox_rootfs
+
+PEER_IMAGE = "busybox"
+DAEMON_START_S = 60.0
+
+
+class EngineUnavailable(Exception):
+    """No engine could be had; the message is the one-line reason."""
+
+
+@dataclass
+class Engine:
+    """A container engine's CLI bound to one daemon (`argv` prefixes every call)."""
+
+    name: str
+    argv: list[str]
+    daemon: asyncio.subprocess.Process | None = None  # ours to stop
+
+    async def run(self, *args: str, stdin: bytes | None = None) -> str:
+        """Run `<engine> args...`; its stdout, or RuntimeError with stderr's tail."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate(stdin)
+        if proc.returncode != 0:
+            tail = " ".join(err.decode(errors="replace").split())[-300:]
+            raise RuntimeError(f"{self.name} {args[0]} exited {proc.returncode}: {tail}")
+        return out.decode(errors="replace")
+
+    async def close(self) -> None:
+        """Stop the daemon this bench started (an engine found running stays)."""
+        if self.daemon is None or self.daemon.returncode is not None:
+            return
+        self.daemon.terminate()
+        try:
+            await asyncio.wait_for(self.daemon.wait(), 30)
+        except TimeoutError:
+            self.daemon.kill()
+            await self.daemon.wait()
+
+
+async def docker_engine(state_dir: Path) -> Engine:
+    """A docker daemon with the busybox image, or EngineUnavailable saying why."""
+    docker = shutil.which("docker")
+    if docker is None:
+        raise EngineUnavailable("docker is not installed (apt-get install docker.io)")
+    engine = Engine("docker", [docker])
+    if not await _answers(engine):
+        engine = await _private_dockerd(docker, state_dir / "peers" / "docker")
+    try:
+        await _ensure_busybox(engine)
+    except RuntimeError as err:
+        await engine.close()
+        raise EngineUnavailable(f"docker has no busybox image and cannot import one: {err}")
+    return engine
+
+
+async def _answers(engine: Engine) -> bool:
+    try:
+        await engine.run("version", "--format", "{{.Server.Version}}")
+        return True
+    except (RuntimeError, OSError):
+        return False
+
+
+async def _private_dockerd(docker: str, root: Path) -> Engine:
+    dockerd = shutil.which("dockerd")
+    if dockerd is None:
+        raise EngineUnavailable("no docker daemon answers and dockerd is not installed")
+    root.mkdir(parents=True, exist_ok=True)
+    socket = root / "docker.sock"
+    log = (root / "dockerd.log").open("ab")
+    daemon = await asyncio.create_subprocess_exec(
+        dockerd,
+        "--data-root", str(root / "data"),
+        "--exec-root", str(root / "exec"),
+        "--pidfile", str(root / "dockerd.pid"),
+        "-H", f"unix://{socket}",
+        "--iptables=false", "--ip-forward=false", "--ip-masq=false", "--bridge=none",
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    log.close()
+    engine = Engine("docker", [docker, "-H", f"unix://{socket}"], daemon)
+    deadline = asyncio.get_running_loop().time() + DAEMON_START_S
+    while asyncio.get_running_loop().time() < deadline:
+        if daemon.returncode is not None:
+            raise EngineUnavailable(f"dockerd exited {daemon.returncode}: see {root}/dockerd.log")
+        if socket.exists() and await _answers(engine):
+            return engine
+        await asyncio.sleep(0.3)
+    await engine.close()
+    raise EngineUnavailable(f"dockerd did not answer in {DAEMON_START_S:g} s: {root}/dockerd.log")
+
+
+async def _ensure_busybox(engine: Engine) -> None:
+    with contextlib.suppress(RuntimeError):
+        await engine.run("image", "inspect", PEER_IMAGE)
+        return
+    with tempfile.TemporaryDirectory(prefix="corral-peer-") as tmp:
+        rootfs = build_busybox_rootfs(Path(tmp) / "rootfs")
+        archive = Path(tmp) / "rootfs.tar"
+        with tarfile.open(archive, "w") as tar:
+            tar.add(rootfs, arcname=".")
+        await engine.run("import", str(archive), PEER_IMAGE)

@@ -1,8 +1,11 @@
 """The node registry: which nodes exist, what they hold, and which are lost.
 
 Nodes on any host join through Temporal alone: each node worker signals its
-heartbeat (`NodeHeartbeat`) to one long-running `NodeRegistryWorkflow` every
-few seconds, signal-with-start, so the first node to come up creates it.
+heartbeat (`NodeHeartbeat`) to a long-running `NodeRegistryWorkflow` every
+few seconds, signal-with-start, so the first node to come up creates it. The
+registry is `REGISTRY_SHARDS` such workflows, a node's shard fixed by a hash
+of its name: at 1,000 nodes one workflow would take 200 signals a second,
+each shard takes about 6 (docs/benchmarks.md, "corral sim").
 Placement reads the registry (through the workflow worker's cached copy, see
 `activities/placement.py`); on-call drains nodes through it.
 
@@ -10,28 +13,38 @@ A node whose heartbeats stop for `LOST_AFTER_S` is marked lost; the registry
 then tells every episode still running there (`node_lost` signal, found by
 the `SandboxNode` search attribute) so that none hangs. When a lost node
 heartbeats again it is ready again; its node worker reaps its leftovers
-before it polls for work.
+before it polls for work. A node lost for `FORGET_LOST_AFTER_S` leaves the
+registry; `forget` removes one at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import zlib
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
+from temporalio.service import RPCError
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import NodeHeartbeat, NodeInfo, NodeLostInput, NodeRef
 
-REGISTRY_WORKFLOW_ID = "corral-node-registry"
+REGISTRY_WORKFLOW_ID = "corral-node-registry"  # shard 0 keeps the single registry's id
+# Every node, CLI and workflow worker must agree on this number (it is code, not
+# config, for that reason). 32 keeps a shard under 10 signals a second up to
+# 1,600 nodes beating every 5 s.
+REGISTRY_SHARDS = 32
 HEARTBEAT_EVERY_S = 5.0
 # Lost within 30 s of the last heartbeat: LOST_AFTER_S plus one check period.
 LOST_AFTER_S = 20.0
 CHECK_EVERY_S = 5.0
 RETELL_LOST_EVERY_S = 30.0
+# A node lost this long is dropped from the registry (`corral node list`).
+FORGET_LOST_AFTER_S = 600.0
 # Hand over to a new run long before the history grows large (a signal per node
 # every few seconds adds up).
 MAX_SIGNALS_PER_RUN = 2000
@@ -67,6 +80,9 @@ class NodeRegistryWorkflow:
 
     def _mark_lost(self) -> None:
         now = workflow.now()
+        for name in [n for n, info in self._s.nodes.items() if _expired(info, now)]:
+            workflow.logger.info("node %s forgotten: lost for %.0f s", name, FORGET_LOST_AFTER_S)
+            self._forget(name)
         for info in self._s.nodes.values():
             silent = (now - info.last_seen).total_seconds()
             if info.state != "lost" and silent > LOST_AFTER_S:
@@ -116,6 +132,19 @@ class NodeRegistryWorkflow:
         self._signals += 1
         self._set_draining(node.name, False)
 
+    @workflow.signal
+    def forget(self, node: NodeRef) -> None:
+        """Drop a node now (decommissioned, renamed); it rejoins if it beats again."""
+        self._signals += 1
+        self._forget(node.name)
+
+    def _forget(self, name: str) -> None:
+        self._s.nodes.pop(name, None)
+        self._told.pop(name, None)
+        if name in self._s.drained:
+            self._s.drained.remove(name)
+        # A lost-node fan-out already queued still runs: its episodes must hear.
+
     def _set_draining(self, name: str, draining: bool) -> None:
         if draining and name not in self._s.drained:
             self._s.drained.append(name)
@@ -136,17 +165,34 @@ def _suggested() -> bool:
     return workflow.info().is_continue_as_new_suggested()
 
 
+def _expired(info: NodeInfo, now: datetime) -> bool:
+    return info.state == "lost" and (now - info.last_seen).total_seconds() > FORGET_LOST_AFTER_S
+
+
 # ---------------------------------------------------------------- client side
-def registry_handle(client: Client) -> WorkflowHandle[NodeRegistryWorkflow, None]:
-    return client.get_workflow_handle_for(NodeRegistryWorkflow.run, REGISTRY_WORKFLOW_ID)
+def shard_of(node: str) -> int:
+    """The node's registry shard: a stable hash (crc32), the same on every host."""
+    return zlib.crc32(node.encode()) % REGISTRY_SHARDS
+
+
+def registry_id(shard: int) -> str:
+    return REGISTRY_WORKFLOW_ID if shard == 0 else f"{REGISTRY_WORKFLOW_ID}-{shard:02d}"
+
+
+def registry_handle(client: Client, shard: int = 0) -> WorkflowHandle[NodeRegistryWorkflow, None]:
+    return client.get_workflow_handle_for(NodeRegistryWorkflow.run, registry_id(shard))
+
+
+def node_registry(client: Client, node: str) -> WorkflowHandle[NodeRegistryWorkflow, None]:
+    return registry_handle(client, shard_of(node))
 
 
 async def send_heartbeat(client: Client, task_queue: str, beat: NodeHeartbeat) -> None:
-    """Signal-with-start: the first node up creates the registry."""
+    """Signal-with-start of the node's shard: the first node up creates it."""
     await client.start_workflow(
         NodeRegistryWorkflow.run,
         None,
-        id=REGISTRY_WORKFLOW_ID,
+        id=registry_id(shard_of(beat.name)),
         task_queue=task_queue,
         start_signal="heartbeat",
         start_signal_args=[beat],
@@ -154,11 +200,22 @@ async def send_heartbeat(client: Client, task_queue: str, beat: NodeHeartbeat) -
 
 
 async def list_nodes(client: Client) -> list[NodeInfo]:
-    """The registry's view; empty when no node has ever joined."""
-    from temporalio.service import RPCError, RPCStatusCode
+    """Every shard's view, merged and sorted; empty when no node has ever joined."""
+    shards = await asyncio.gather(*(_shard_nodes(client, k) for k in range(REGISTRY_SHARDS)))
+    newest: dict[str, NodeInfo] = {}
+    for info in (info for shard in shards for info in shard):
+        # A node seen by two shards (the single registry of before, kept as
+        # shard 0) is what its newest heartbeat says.
+        if info.name not in newest or info.last_seen > newest[info.name].last_seen:
+            newest[info.name] = info
+    return sorted(newest.values(), key=lambda info: info.name)
+
+
+async def _shard_nodes(client: Client, shard: int) -> list[NodeInfo]:
+    from temporalio.service import RPCStatusCode
 
     try:
-        return await registry_handle(client).query(NodeRegistryWorkflow.nodes)
+        return await registry_handle(client, shard).query(NodeRegistryWorkflow.nodes)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return []
@@ -166,8 +223,19 @@ async def list_nodes(client: Client) -> list[NodeInfo]:
 
 
 async def drain_node(client: Client, name: str, by: str = "") -> None:
-    await registry_handle(client).signal(NodeRegistryWorkflow.drain, NodeRef(name=name, by=by))
+    await node_registry(client, name).signal(NodeRegistryWorkflow.drain, NodeRef(name=name, by=by))
 
 
 async def undrain_node(client: Client, name: str, by: str = "") -> None:
-    await registry_handle(client).signal(NodeRegistryWorkflow.undrain, NodeRef(name=name, by=by))
+    await node_registry(client, name).signal(
+        NodeRegistryWorkflow.undrain, NodeRef(name=name, by=by)
+    )
+
+
+async def forget_node(client: Client, name: str, by: str = "") -> None:
+    """Drop `name` from every shard that holds it (its own, and shard 0 of old)."""
+    handles = {registry_id(shard_of(name)): node_registry(client, name)}
+    handles.setdefault(REGISTRY_WORKFLOW_ID, registry_handle(client, 0))
+    for handle in handles.values():
+        with contextlib.suppress(RPCError):  # a shard that never started holds nothing
+            await handle.signal(NodeRegistryWorkflow.forget, NodeRef(name=name, by=by))

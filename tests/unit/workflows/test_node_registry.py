@@ -6,12 +6,14 @@ fan-out (visibility query + signals) runs on the stack in the fleet tests.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
 from temporalio import activity
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from test_episode_time_skipping import _test_server
@@ -19,16 +21,21 @@ from test_episode_time_skipping import _test_server
 from activities.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
 from workers.workflow_worker import workflow_runner
 from workflows.nodes import (
+    FORGET_LOST_AFTER_S,
     LOST_AFTER_S,
+    REGISTRY_SHARDS,
     RETELL_LOST_EVERY_S,
     NodeRegistryWorkflow,
     drain_node,
+    forget_node,
     list_nodes,
-    registry_handle,
+    node_registry,
     send_heartbeat,
+    shard_of,
 )
 
 QUEUE = "registry-under-test"
+_NAMES = ("a", "b", "c", "d")
 
 
 def _beat(name: str) -> NodeHeartbeat:
@@ -63,7 +70,9 @@ async def registry() -> AsyncIterator[tuple[WorkflowEnvironment, list[str]]]:
             workflow_runner=workflow_runner(),
         ):
             yield env, told
-            await registry_handle(env.client).terminate()
+            for name in _NAMES:  # each node's shard that was started
+                with contextlib.suppress(RPCError):  # terminated already, with a sibling
+                    await node_registry(env.client, name).terminate()
     finally:
         await env.shutdown()
 
@@ -92,3 +101,35 @@ async def test_join_drain_and_loss(registry: tuple[WorkflowEnvironment, list[str
 
     await send_heartbeat(env.client, QUEUE, _beat("b"))  # it comes back, still drained
     assert {n.name: n.state for n in await list_nodes(env.client)}["b"] == "draining"
+
+
+async def test_forget_drops_a_node_at_once(registry: tuple[WorkflowEnvironment, list[str]]) -> None:
+    env, _ = registry
+    for name in ("c", "d"):
+        await send_heartbeat(env.client, QUEUE, _beat(name))
+    await drain_node(env.client, "c")
+    await forget_node(env.client, "c", by="test")
+    assert [n.name for n in await list_nodes(env.client)] == ["d"]
+    # Forgotten means forgotten: it comes back ready, not drained.
+    await send_heartbeat(env.client, QUEUE, _beat("c"))
+    assert {n.name: n.state for n in await list_nodes(env.client)} == {"c": "ready", "d": "ready"}
+
+
+async def test_a_lost_node_leaves_the_list_after_a_while(
+    registry: tuple[WorkflowEnvironment, list[str]],
+) -> None:
+    env, _ = registry
+    await send_heartbeat(env.client, QUEUE, _beat("a"))
+    await env.sleep(timedelta(seconds=LOST_AFTER_S + 15))
+    assert {n.name: n.state for n in await list_nodes(env.client)} == {"a": "lost"}
+    await env.sleep(timedelta(seconds=FORGET_LOST_AFTER_S))
+    assert await list_nodes(env.client) == []
+
+
+def test_nodes_spread_over_the_shards() -> None:
+    names = [f"node-{i}" for i in range(1000)]
+    per_shard = [0] * REGISTRY_SHARDS
+    for name in names:
+        per_shard[shard_of(name)] += 1
+    # Even enough that no shard takes twice its share of the heartbeats.
+    assert max(per_shard) < 2 * len(names) / REGISTRY_SHARDS

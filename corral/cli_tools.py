@@ -82,6 +82,13 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     help="Also time ctr, podman and docker (where installed) and report CPU per episode.",
 )
 @click.option(
+    "--steps",
+    is_flag=True,
+    help="Instead: tool calls per second, N sandboxes x M calls, beside docker exec and ctr.",
+)
+@click.option("--steps-sandboxes", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--steps-calls", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@click.option(
     "--elastic",
     is_flag=True,
     help="Instead: busy sandboxes' throughput alone and beside idle ones (elastic CPU).",
@@ -135,6 +142,9 @@ async def bench(
     density: int | None,
     shim_group: int,
     peers: bool,
+    steps: bool,
+    steps_sandboxes: int,
+    steps_calls: int,
     elastic: bool,
     idle: int,
     busy: int,
@@ -159,6 +169,10 @@ async def bench(
             lambda tick: run_density(ctx.config, n=density, group=shim_group, tick=tick),
         )
         _show(held, as_json)
+        return
+
+    if steps:
+        await _bench_steps(ctx, steps_sandboxes, steps_calls, as_json)
         return
 
     if peers:
@@ -307,6 +321,17 @@ async def _bench_fork(ctx: Context, rounds: int, data_mb: int, as_json: bool) ->
         lambda tick: run_fork(ctx.config, rounds=rounds, data_mb=data_mb, tick=tick),
     )
     _show(report, as_json)
+
+
+async def _bench_steps(ctx: Context, sandboxes: int, calls: int, as_json: bool) -> None:
+    from corral.bench_steps import describe, run_steps
+
+    report = await _with_progress(
+        "bench --steps",
+        5 * sandboxes * calls,
+        lambda tick: run_steps(ctx.config, sandboxes=sandboxes, calls=calls, tick=tick),
+    )
+    _show(report, as_json, describe)
 
 
 COMMANDS = [report, bench]

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from rich.progress import Progress
 
 from corral.cli import Context, console, emit_json, fail, out, pass_ctx, run_async
+from observability.extras import require
 
 T = TypeVar("T")
 
@@ -43,6 +44,8 @@ def parse_since(value: str | None) -> datetime | None:
 @pass_ctx
 def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool) -> None:
     """Analyse what ran (polars): plots and an HTML page."""
+    for module in ("polars", "matplotlib"):
+        require(module, "report", "corral report")
     from observability.report import build_report
 
     target = out_dir or ctx.config.state / "report"
@@ -131,6 +134,14 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
     is_flag=True,
     help="With --sensor: what waiting for the sensor's verdict costs a one-step episode (--n).",
 )
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Instead: a training step's burst of interactive episodes opened at once, "
+    "beside docker run/exec/rm.",
+)
+@click.option("--burst-width", type=click.IntRange(1, 10_000), default=128, show_default=True)
+@click.option("--burst-calls", type=click.IntRange(1, 1000), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
@@ -157,6 +168,9 @@ async def bench(
     sensor_n: int,
     drill: bool,
     watermark: bool,
+    burst: bool,
+    burst_width: int,
+    burst_calls: int,
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
@@ -177,6 +191,10 @@ async def bench(
 
     if peers:
         await _bench_peers(ctx, n, concurrency, exec_n, as_json)
+        return
+
+    if burst:
+        await _bench_burst(ctx, burst_width, burst_calls, as_json)
         return
 
     if elastic:
@@ -240,6 +258,17 @@ def _show(
         return
     for line in lines(report):
         out.print(line, markup=False)
+
+
+async def _bench_burst(ctx: Context, width: int, calls: int, as_json: bool) -> None:
+    from corral.bench_burst import describe, run_burst
+
+    report = await _with_progress(
+        "bench --burst",
+        2 * width,
+        lambda tick: run_burst(ctx.config, width=width, calls=calls, tick=tick),
+    )
+    _show(report, as_json, describe)
 
 
 async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:

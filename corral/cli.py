@@ -213,12 +213,13 @@ def _register() -> None:
         cli_nodes,
         cli_observability,
         cli_policy,
+        cli_sim,
         cli_tenants,
         cli_tools,
     )
 
     modules = (cli_images, cli_episodes, cli_policy, cli_tools, cli_nodes, cli_tenants)
-    for module in (*modules, cli_export, cli_observability):
+    for module in (*modules, cli_export, cli_observability, cli_sim):
         for command in module.COMMANDS:
             cli.add_command(command)
 

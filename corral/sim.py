@@ -1,0 +1,338 @@
+"""`corral sim`: the control plane under a simulated fleet.
+
+A stack of its own (role `control`: the real Temporal dev server, workflow
+worker, intake and janitor schedule, in a temporary state directory on its
+own ports) and, in this process, `nodes` simulated nodes (`corral/sim_node.py`),
+each a real Temporal worker on its own node queue whose activities sleep
+measured durations. Episodes arrive through the real SDK at `rate` a second
+(Poisson) for `duration_s`; halfway through, the faults asked for strike.
+Then it waits for every episode to close (or `grace_s`) and reports.
+
+What is measured where: placement latency is from just before the SDK's
+start call to the first activity reaching the node (so it includes the start
+RPC, the first workflow task and the `corral.place` local activity); Temporal
+CPU is the dev server process's user+system time over the run, heartbeats of
+the whole fleet included; signals per workflow are the heartbeats the sim
+sent to each registry shard, over the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+
+from activities.models import EpisodeSpec, Step
+from corral.sdk import Corral
+from corral.sim_node import SimNode, SimStats, Timings
+from sandbox.errors import CorralError
+from workers.config import StackConfig, load_config
+from workers.stack import Stack
+from workflows.nodes import REGISTRY_SHARDS, list_nodes, registry_handle
+
+DEFAULT_PORT_BASE = 24233
+JOIN_TIMEOUT_S = 120.0
+PARTITION_S = 40.0  # longer than the registry's lost verdict (20 s + one 5 s check)
+SLOW_FACTOR = 10.0
+
+
+class SimError(CorralError):
+    """The simulation could not run (bad option, stack did not start)."""
+
+
+class SimOptions(BaseModel):
+    nodes: int = Field(ge=1, le=5000)
+    sandboxes_per_node: int = Field(default=8, ge=1, le=10_000)
+    rate: float = Field(default=5.0, gt=0, le=10_000)  # episode starts a second
+    duration_s: float = Field(default=30.0, gt=0)
+    steps: int = Field(default=5, ge=1, le=1000)
+    kill_fraction: float = Field(default=0.0, ge=0, le=1)
+    partition_fraction: float = Field(default=0.0, ge=0, le=1)
+    slow_fraction: float = Field(default=0.0, ge=0, le=1)
+    grace_s: float = Field(default=150.0, gt=0)  # after the last arrival, for all to close
+    seed: int = 1
+    port_base: int = Field(default=DEFAULT_PORT_BASE, ge=1024, le=65000)
+
+
+class SimReport(BaseModel):
+    nodes: int
+    arrival_rate: float
+    steps_per_episode: int
+    started: int
+    completed: int
+    failed_node_lost: int  # failed with `node lost: <node>`: the trainer is told, not lost
+    failed_other: int
+    lost: int  # started but never closed normally (terminated, timed out, unknown)
+    stuck: int  # still running when the grace ran out
+    placement_p50_ms: float
+    placement_p99_ms: float
+    episodes_per_s: float
+    temporal_cpu_ms_per_episode: float
+    temporal_cpu_ms_per_step: float
+    temporal_cpu_share: float  # of one core, over the run
+    workflow_worker_cpu_ms_per_episode: float
+    max_signals_per_s_per_workflow: float
+    heartbeat_signals_per_s: float  # into all registry shards together
+    registry_shards: int
+    hottest_workflow: str
+    hottest_history_events: int
+    hottest_history_bytes: int
+    killed_nodes: int
+    heartbeat_errors: int
+    run_s: float
+
+
+def sim_config(root: Path, state: Path, port_base: int) -> StackConfig:
+    """A control-only stack on its own ports and state, as the fleet tests make one."""
+    overrides = {
+        "temporal": {
+            "address": f"127.0.0.1:{port_base}",
+            "dev_server": {"ui_port": port_base + 1, "metrics_port": port_base + 2},
+        },
+        "workers": {"metrics_port_base": port_base + 10, "warm_pool": ""},
+        "intake": {"port": port_base + 3},
+        "observability": {"traces": "none"},
+    }
+    stack_file = {"nodes": 1, "role": "control", "overrides": overrides}
+    (state / "stack.json").write_text(json.dumps(stack_file))
+    return load_config(root / "temporal-dev.yaml", env={"CORRAL_STATE_DIR": str(state)})
+
+
+def cpu_ms(pid: int | None) -> float:
+    """User + system CPU of a live process, in ms (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_sim(
+    options: SimOptions, root: Path, say: Callable[[str], None] = lambda _m: None
+) -> SimReport:
+    state = Path(tempfile.mkdtemp(prefix="corral-sim-"))
+    stack = Stack(sim_config(root, state, options.port_base))
+    try:
+        say("control plane (temporal, workflow worker, intake, janitor)")
+        await stack.up(role="control")
+        return await _run_with_stack(options, stack, say)
+    finally:
+        await stack.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _run_with_stack(
+    options: SimOptions, stack: Stack, say: Callable[[str], None]
+) -> SimReport:
+    config = stack.config
+    corral = await Corral.connect(config)
+    stats = SimStats()
+    rng = random.Random(options.seed)
+    nodes = [
+        SimNode(
+            f"sim-{i:04d}",
+            max_sandboxes=options.sandboxes_per_node,
+            workflow_queue=config.workers.workflow_task_queue,
+            timings=Timings(),
+            stats=stats,
+            seed=rng.randrange(1 << 30),
+        )
+        for i in range(options.nodes)
+    ]
+    say(f"{len(nodes)} simulated nodes")
+    for node in nodes:
+        node.start(corral.client)
+    try:
+        await _wait_joined(corral.client, len(nodes))
+        run = _Run(options, corral, nodes, stats, stack)
+        return await run.measure(rng, say)
+    finally:
+        await asyncio.gather(*(node.stop() for node in nodes), return_exceptions=True)
+
+
+async def _wait_joined(client: Client, count: int) -> None:
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready = [n for n in await list_nodes(client) if n.state == "ready"]
+        if len(ready) >= count:
+            return
+        await asyncio.sleep(1.0)
+    raise SimError(f"only some of the {count} simulated nodes joined in {JOIN_TIMEOUT_S:.0f} s")
+
+
+class _Run:
+    def __init__(
+        self,
+        options: SimOptions,
+        corral: Corral,
+        nodes: list[SimNode],
+        stats: SimStats,
+        stack: Stack,
+    ) -> None:
+        self.options = options
+        self.corral = corral
+        self.nodes = nodes
+        self.stats = stats
+        self.stack = stack
+        self.submitted: dict[str, float] = {}  # episode id -> monotonic, before the start call
+        self.start_errors = 0
+        self.killed = 0
+
+    def _spec(self) -> EpisodeSpec:
+        return EpisodeSpec(image="busybox", steps=[Step(cmd="true")] * self.options.steps)
+
+    async def _start_one(self, episode_id: str) -> None:
+        self.submitted[episode_id] = time.monotonic()
+        try:
+            await self.corral.start_episode(self._spec(), episode_id=episode_id)
+        except CorralError:
+            self.start_errors += 1
+            del self.submitted[episode_id]
+
+    async def _arrivals(self, rng: random.Random) -> None:
+        starts: list[asyncio.Task[None]] = []
+        end = time.monotonic() + self.options.duration_s
+        faults_at = time.monotonic() + self.options.duration_s / 2
+        faulted = False
+        while time.monotonic() < end:
+            if not faulted and time.monotonic() >= faults_at:
+                self._strike(rng)
+                faulted = True
+            episode_id = f"sim-ep-{len(starts):06d}"
+            starts.append(asyncio.create_task(self._start_one(episode_id)))
+            await asyncio.sleep(rng.expovariate(self.options.rate))
+        await asyncio.gather(*starts)
+
+    def _strike(self, rng: random.Random) -> None:
+        """The faults, all at once: kills, a partition, slow nodes (disjoint sets)."""
+        shuffled = rng.sample(self.nodes, len(self.nodes))
+        kills = round(self.options.kill_fraction * len(shuffled))
+        parts = round(self.options.partition_fraction * len(shuffled))
+        slows = round(self.options.slow_fraction * len(shuffled))
+        for node in shuffled[:kills]:
+            node.kill()
+        for node in shuffled[kills : kills + parts]:
+            node.partition(PARTITION_S)
+        for node in shuffled[kills + parts : kills + parts + slows]:
+            node.slow_factor = SLOW_FACTOR
+        self.killed = kills
+
+    async def _open_episodes(self) -> int:
+        query = "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running'"
+        return (await self.corral.client.count_workflows(query)).count
+
+    async def _wait_closed(self) -> None:
+        deadline = time.monotonic() + self.options.grace_s
+        while time.monotonic() < deadline and await self._open_episodes():
+            await asyncio.sleep(2.0)
+
+    async def measure(self, rng: random.Random, say: Callable[[str], None]) -> SimReport:
+        temporal_pid = self.stack.process("temporal").pid()
+        worker_pid = self.stack.process("workflow-worker").pid()
+        cpu0, worker0 = cpu_ms(temporal_pid), cpu_ms(worker_pid)
+        signals0 = Counter(self.stats.signals)
+        began = time.monotonic()
+        say(f"episodes at {self.options.rate}/s for {self.options.duration_s:.0f} s")
+        await self._arrivals(rng)
+        say("waiting for every episode to close")
+        await self._wait_closed()
+        run_s = time.monotonic() - began
+        temporal_cpu = cpu_ms(temporal_pid) - cpu0
+        worker_cpu = cpu_ms(worker_pid) - worker0
+        signals = Counter(self.stats.signals)
+        signals.subtract(signals0)
+        outcome = await self._outcomes()
+        hottest, events, size = await self._hottest()
+        started = len(self.submitted)
+        latencies = [
+            (self.stats.first_activity[ep] - at) * 1000.0
+            for ep, at in self.submitted.items()
+            if ep in self.stats.first_activity
+        ]
+        per_episode = temporal_cpu / max(started, 1)
+        return SimReport(
+            nodes=len(self.nodes),
+            arrival_rate=self.options.rate,
+            steps_per_episode=self.options.steps,
+            started=started,
+            completed=outcome["completed"],
+            failed_node_lost=outcome["node_lost"],
+            failed_other=outcome["failed"] + self.start_errors,
+            lost=outcome["lost"],
+            stuck=outcome["stuck"],
+            placement_p50_ms=round(percentile(latencies, 0.50), 1),
+            placement_p99_ms=round(percentile(latencies, 0.99), 1),
+            episodes_per_s=round(outcome["completed"] / run_s, 2),
+            temporal_cpu_ms_per_episode=round(per_episode, 1),
+            temporal_cpu_ms_per_step=round(per_episode / self.options.steps, 2),
+            temporal_cpu_share=round(temporal_cpu / (run_s * 1000.0), 3),
+            workflow_worker_cpu_ms_per_episode=round(worker_cpu / max(started, 1), 1),
+            max_signals_per_s_per_workflow=round(max(signals.values(), default=0) / run_s, 2),
+            heartbeat_signals_per_s=round(sum(signals.values()) / run_s, 1),
+            registry_shards=sum(1 for count in signals.values() if count > 0),
+            hottest_workflow=hottest,
+            hottest_history_events=events,
+            hottest_history_bytes=size,
+            killed_nodes=self.killed,
+            heartbeat_errors=self.stats.heartbeat_errors,
+            run_s=round(run_s, 1),
+        )
+
+    async def _outcomes(self) -> Counter[str]:
+        """How each started episode ended, from visibility (and the failure's cause)."""
+        tally: Counter[str] = Counter()
+        seen: set[str] = set()
+        client = self.corral.client
+        async for execution in client.list_workflows("WorkflowType = 'EpisodeWorkflow'"):
+            if execution.id not in self.submitted or execution.id in seen:
+                continue
+            seen.add(execution.id)
+            tally[await self._outcome(execution.id, execution.status)] += 1
+        tally["lost"] += len(set(self.submitted) - seen)
+        return tally
+
+    async def _outcome(self, episode_id: str, status: WorkflowExecutionStatus | None) -> str:
+        if status == WorkflowExecutionStatus.COMPLETED:
+            return "completed"
+        if status == WorkflowExecutionStatus.RUNNING:
+            return "stuck"
+        if status != WorkflowExecutionStatus.FAILED:
+            return "lost"  # terminated, timed out, cancelled: no answer for the trainer
+        try:
+            await self.corral.client.get_workflow_handle(episode_id).result()
+        except WorkflowFailureError as err:
+            cause = str(err.cause) if err.cause is not None else str(err)
+            return "node_lost" if "node lost" in cause else "failed"
+        return "failed"
+
+    async def _hottest(self) -> tuple[str, int, int]:
+        """The registry shard with the longest current history (the hot workflows)."""
+        best = ("", 0, 0)
+        for shard in range(REGISTRY_SHARDS):
+            handle = registry_handle(self.corral.client, shard)
+            with contextlib.suppress(Exception):  # a shard no node hashed to
+                info = (await handle.describe()).raw_description.workflow_execution_info
+                if info.history_length > best[1]:
+                    best = (handle.id, info.history_length, info.history_size_bytes)
+        return best

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from observability.extras import MissingExtra
 from sandbox.errors import CorralError
 from workers.config import StackConfig, load_config
 
@@ -249,6 +250,9 @@ def main() -> None:
         code: int | str | None = 0
     except SystemExit as done:
         code = done.code
+    except MissingExtra as err:  # an optional dependency (reports, Parquet) is absent
+        click.echo(f"Error: {err}", err=True)
+        code = 1
     from observability.tracing import flush_tracing
 
     flush_tracing()

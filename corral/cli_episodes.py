@@ -25,6 +25,7 @@ from corral.cli import (
 )
 from corral.errors import EpisodeError
 from corral.sdk import Corral, parse_spec
+from observability.extras import require
 from workflows.models import EpisodeResult
 
 
@@ -307,7 +308,7 @@ def batch_summary(results: list[EpisodeResult], wall_s: float) -> dict[str, Any]
 
 
 def write_results(results: list[EpisodeResult], path: Path) -> None:
-    import polars as pl
+    pl = require("polars", "export", "run-batch --out (Parquet)")
 
     rows = [
         {

@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Literal
 
-import polars as pl
 from pydantic import BaseModel
 
 from corral.env import reward_of
 from corral.errors import EpisodeError
 from corral.sdk import Corral, EpisodeSummary
+from observability.extras import require
 from workflows.models import AlertSummary, EpisodeResult, StepResult
 
 __all__ = ["ExportFormat", "StepRow", "TrajectoryRow", "export_trajectories", "write_rows"]
@@ -177,6 +177,7 @@ def write_rows(rows: list[TrajectoryRow], fmt: ExportFormat, target: Path | IO[s
         return
     if not isinstance(target, Path):
         raise ValueError("parquet is written to a file, not a stream")
+    pl = require("polars", "export", "corral export --format parquet")  # jsonl needs no polars
     records = [row.model_dump() for row in rows]
     # Labels differ between episodes: a list of key/value pairs keeps one schema.
     for record in records:

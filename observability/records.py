@@ -15,18 +15,22 @@ import threading
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from observability.extras import require
+
+if TYPE_CHECKING:
+    # polars is in the `export` extra: the record models import without it
+    # (activities and the SDK use them); only writing and reading need it.
+    import polars as pl
+
 __all__ = [
-    "ALERT_SCHEMA",
-    "EPISODE_SCHEMA",
     "OUTCOMES",
-    "STEP_SCHEMA",
     "AlertRecord",
     "EpisodeAlert",
     "EpisodeRecord",
@@ -35,6 +39,7 @@ __all__ = [
     "Records",
     "StepRecord",
     "load_records",
+    "schema",
 ]
 
 log = logging.getLogger(__name__)
@@ -118,67 +123,76 @@ class AlertRecord(_Record):
     node: str | None = None
 
 
-_TIME = pl.Datetime("us", "UTC")
+def _polars() -> ModuleType:
+    return require("polars", "export", "Parquet records")
 
-EPISODE_SCHEMA: dict[str, pl.DataType] = {
-    "workflow_id": pl.String(),
-    "episode_id": pl.String(),
-    "run_id": pl.String(),
-    "tenant": pl.String(),
-    "image": pl.String(),
-    "node": pl.String(),
-    "spec_hash": pl.String(),
-    "started_at": _TIME,
-    "ended_at": _TIME,
-    "duration_s": pl.Float64(),
-    "outcome": pl.String(),
-    "reason": pl.String(),
-    "reward": pl.Float64(),
-    "steps": pl.Int64(),
-    "provision_s": pl.Float64(),
-    "teardown_s": pl.Float64(),
-    "alerts": pl.List(
-        pl.Struct(
-            {"rule": pl.String(), "priority": pl.String(), "action": pl.String(), "time": _TIME}
-        )
-    ),
-}
 
-STEP_SCHEMA: dict[str, pl.DataType] = {
-    "workflow_id": pl.String(),
-    "index": pl.Int64(),
-    "command": pl.String(),
-    "exit_code": pl.Int64(),
-    "duration_s": pl.Float64(),
-    "timed_out": pl.Boolean(),
-    "started_at": _TIME,
-}
+@cache
+def _schemas() -> dict[str, dict[str, pl.DataType]]:
+    """kind (also the sub-directory name) -> its Parquet schema."""
+    pl = _polars()
+    time = pl.Datetime("us", "UTC")
+    alert = {"rule": pl.String(), "priority": pl.String(), "action": pl.String(), "time": time}
+    return {
+        "episodes": {
+            "workflow_id": pl.String(),
+            "episode_id": pl.String(),
+            "run_id": pl.String(),
+            "tenant": pl.String(),
+            "image": pl.String(),
+            "node": pl.String(),
+            "spec_hash": pl.String(),
+            "started_at": time,
+            "ended_at": time,
+            "duration_s": pl.Float64(),
+            "outcome": pl.String(),
+            "reason": pl.String(),
+            "reward": pl.Float64(),
+            "steps": pl.Int64(),
+            "provision_s": pl.Float64(),
+            "teardown_s": pl.Float64(),
+            "alerts": pl.List(pl.Struct(alert)),
+        },
+        "steps": {
+            "workflow_id": pl.String(),
+            "index": pl.Int64(),
+            "command": pl.String(),
+            "exit_code": pl.Int64(),
+            "duration_s": pl.Float64(),
+            "timed_out": pl.Boolean(),
+            "started_at": time,
+        },
+        "alerts": {
+            "workflow_id": pl.String(),
+            "rule": pl.String(),
+            "priority": pl.String(),
+            "action": pl.String(),
+            "time": time,
+            "container_id": pl.String(),
+            "proc_cmdline": pl.String(),
+            "image": pl.String(),
+            "node": pl.String(),
+        },
+    }
 
-ALERT_SCHEMA: dict[str, pl.DataType] = {
-    "workflow_id": pl.String(),
-    "rule": pl.String(),
-    "priority": pl.String(),
-    "action": pl.String(),
-    "time": _TIME,
-    "container_id": pl.String(),
-    "proc_cmdline": pl.String(),
-    "image": pl.String(),
-    "node": pl.String(),
-}
 
-# kind (also the sub-directory name) -> (record class, schema)
-_KINDS: dict[str, tuple[type[_Record], dict[str, pl.DataType]]] = {
-    "episodes": (EpisodeRecord, EPISODE_SCHEMA),
-    "steps": (StepRecord, STEP_SCHEMA),
-    "alerts": (AlertRecord, ALERT_SCHEMA),
+def schema(kind: str) -> dict[str, pl.DataType]:
+    """The Parquet schema of `kind` (episodes, steps, alerts); needs polars."""
+    return _schemas()[kind]
+
+
+_KINDS: dict[str, type[_Record]] = {
+    "episodes": EpisodeRecord,
+    "steps": StepRecord,
+    "alerts": AlertRecord,
 }
-_KIND_OF: dict[type[_Record], str] = {cls: kind for kind, (cls, _) in _KINDS.items()}
+_KIND_OF: dict[type[_Record], str] = {cls: kind for kind, cls in _KINDS.items()}
 
 AnyRecord = EpisodeRecord | StepRecord | AlertRecord
 
 
 def _frame(kind: str, rows: list[dict[str, Any]]) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema=_KINDS[kind][1])
+    return _polars().DataFrame(rows, schema=_schemas()[kind])
 
 
 def _part_name() -> str:
@@ -207,6 +221,7 @@ class RecordWriter:
     def __init__(
         self, directory: Path, *, max_rows: int = 1000, flush_interval_s: float = 5.0
     ) -> None:
+        _polars()  # fail at start, in one line, not in the flush thread later
         self.directory = Path(directory)
         self.max_rows = max_rows
         self.flush_interval_s = flush_interval_s
@@ -309,7 +324,8 @@ class Records:
 
 
 def _load_kind(directory: Path, kind: str) -> pl.DataFrame:
-    schema = _KINDS[kind][1]
+    pl = _polars()
+    schema = _schemas()[kind]
     parts = sorted((directory / kind).glob("part-*.parquet"))
     if not parts:
         return pl.DataFrame(schema=schema)

@@ -52,9 +52,9 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 stamp=.venv/.corral-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
-  echo "setup: installing corral and its dev extras into .venv"
+  echo "setup: installing corral with its dev, report and export extras into .venv"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,report,export]'
   touch "$stamp"
 fi
 

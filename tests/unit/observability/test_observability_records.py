@@ -12,14 +12,12 @@ import pytest
 from obs_synthetic import START, Synthetic
 
 from observability.records import (
-    ALERT_SCHEMA,
-    EPISODE_SCHEMA,
-    STEP_SCHEMA,
     AlertRecord,
     EpisodeRecord,
     RecordWriter,
     StepRecord,
     load_records,
+    schema,
 )
 
 
@@ -52,9 +50,9 @@ def test_round_trip_keeps_every_field(records_dir: Path, synthetic: Synthetic) -
 
 def test_frames_have_the_declared_schema(records_dir: Path) -> None:
     records = load_records(records_dir)
-    assert dict(records.episodes.schema) == EPISODE_SCHEMA
-    assert dict(records.steps.schema) == STEP_SCHEMA
-    assert dict(records.alerts.schema) == ALERT_SCHEMA
+    assert dict(records.episodes.schema) == schema("episodes")
+    assert dict(records.steps.schema) == schema("steps")
+    assert dict(records.alerts.schema) == schema("alerts")
 
 
 def test_buffer_splits_into_part_files(records_dir: Path, synthetic: Synthetic) -> None:
@@ -67,8 +65,8 @@ def test_buffer_splits_into_part_files(records_dir: Path, synthetic: Synthetic) 
 def test_empty_store_gives_empty_frames_with_schema(tmp_path: Path) -> None:
     records = load_records(tmp_path / "never-written")
     assert records.empty
-    assert dict(records.episodes.schema) == EPISODE_SCHEMA
-    assert dict(records.alerts.schema) == ALERT_SCHEMA
+    assert dict(records.episodes.schema) == schema("episodes")
+    assert dict(records.alerts.schema) == schema("alerts")
 
 
 def test_concurrent_appends_lose_nothing(tmp_path: Path) -> None:

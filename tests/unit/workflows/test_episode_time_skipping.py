@@ -91,7 +91,15 @@ class FakeNode:
         async def place(request: PlaceInput) -> Placement:
             self.calls.append("place")
             node = self.rooms.pop(0) if self.rooms else NODE
-            return Placement(node=node, reason="" if node else "no node with room: n1 full")
+            if node:
+                return Placement(node=node)
+            # The line moves up by one each time the episode asks again.
+            position = sum(1 for room in self.rooms if room is None) + 1
+            return Placement(
+                node=None,
+                reason=f"{position} in line; no node with room: n1 full",
+                position=position,
+            )
 
         @activity.defn(name="corral.provision")
         async def provision(input: ProvisionInput) -> ProvisionResult:
@@ -373,6 +381,26 @@ async def test_waits_visibly_while_no_node_has_room(
     handle = await _start(env, steps=["true"])
     assert (await handle.result()).outcome == "completed"
     assert node.calls[:4] == ["place", "place", "place", "run_scripted"]
+
+
+async def test_a_waiting_episode_shows_its_place_in_line(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    node.rooms = [None, None, NODE]
+    handle = await _start(env, interactive=True)
+    seen: list[tuple[str, int, str]] = []
+    for _ in range(600):  # up to 30 s: two 2-s retries run in real time here
+        status = await handle.query(EpisodeWorkflow.status)
+        seen.append((status.state, status.queue_position, status.reason))
+        if status.state == "running":
+            break
+        await asyncio.sleep(0.05)
+    waiting = [entry for entry in seen if entry[0] == "waiting"]
+    assert waiting and waiting[0][1] in (1, 2)
+    assert all(reason.endswith("in line; no node with room: n1 full") for _, _, reason in waiting)
+    assert seen[-1][:2] == ("running", 0)  # placed: no longer in any line
+    await handle.execute_update(EpisodeWorkflow.finish)
+    assert (await handle.result()).outcome == "completed"
 
 
 async def test_lost_node_fails_a_running_episode_without_teardown(

@@ -1,12 +1,14 @@
-"""`corral node up|down|list|drain|kill`: the fleet's nodes.
+"""`corral node up|down|list|drain|forget|kill`: the fleet's nodes.
 
 `up`, `down` and `kill` act on this machine (a node is containerd, a node
-worker and a sensor here); `list` and `drain` ask the node registry in
-Temporal, so they work from any machine that reaches it.
+worker and a sensor here); `list`, `drain` and `forget` ask the node registry
+in Temporal, so they work from any machine that reaches it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import UTC, datetime
 
 import click
@@ -41,16 +43,52 @@ async def node_up(ctx: Context, name: str, temporal: str | None, intake_url: str
         console.print("[yellow]some part of this machine's stack is not healthy: corral status[/]")
 
 
+# After the drain signal, placements the workflow workers made from their
+# cached registry (refreshed every second) may still land: wait that out.
+DRAIN_SETTLE_S = 3.0
+DRAIN_POLL_S = 2.0
+
+
 @node.command("down")
 @click.argument("name")
+@click.option("--now", is_flag=True, help="Stop at once; its running episodes fail (node lost).")
+@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+              help="Seconds to wait for running episodes before stopping anyway.")  # fmt: skip
 @pass_ctx
 @run_async
-async def node_down(ctx: Context, name: str) -> None:
-    """Stop this machine's node NAME and remove its sandboxes."""
+async def node_down(ctx: Context, name: str, now: bool, timeout_s: float) -> None:
+    """Drain this machine's node NAME, wait for its episodes, then stop it and
+    remove its sandboxes. `--now` stops it at once."""
     from workers.stack import Stack
 
-    stopped = await Stack(ctx.config).node_down(name)
+    stack = Stack(ctx.config)
+    stack.check_local_node(name)
+    if not now:
+        await _drain_and_wait(ctx, name, timeout_s)
+    stopped = await stack.node_down(name)
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+async def _drain_and_wait(ctx: Context, name: str, timeout_s: float) -> None:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workers.temporal import connect
+    from workflows.nodes import drain_node, episodes_on
+
+    client = await connect(ctx.config)
+    try:
+        await drain_node(client, name, by="corral node down")
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return  # its registry shard never started: the node never joined, nothing runs there
+    await asyncio.sleep(DRAIN_SETTLE_S)
+    deadline = time.monotonic() + timeout_s
+    while (running := await episodes_on(client, name)) and time.monotonic() < deadline:
+        console.print(f"[dim]{name} is draining: {running} episodes still running…[/]")
+        await asyncio.sleep(DRAIN_POLL_S)
+    if running:
+        console.print(f"[yellow]{running} episodes still on {name} after {timeout_s:.0f} s[/]")
 
 
 @node.command("kill")
@@ -113,6 +151,23 @@ async def node_drain(ctx: Context, name: str) -> None:
         fail(f"unknown node {name!r}: the registry knows {', '.join(sorted(known)) or 'no nodes'}")
     await drain_node(client, name, by="corral node drain")
     click.echo(f"{name} is draining: no new episodes; running ones finish")
+
+
+@node.command("forget")
+@click.argument("name")
+@pass_ctx
+@run_async
+async def node_forget(ctx: Context, name: str) -> None:
+    """Remove NAME from the registry now (a lost node leaves by itself after 10 min)."""
+    from workers.temporal import connect
+    from workflows.nodes import forget_node, list_nodes
+
+    client = await connect(ctx.config)
+    known = {info.name for info in await list_nodes(client)}
+    if name not in known:
+        fail(f"unknown node {name!r}: the registry knows {', '.join(sorted(known)) or 'no nodes'}")
+    await forget_node(client, name, by="corral node forget")
+    click.echo(f"{name} forgotten: it is listed again only if it heartbeats again")
 
 
 COMMANDS = [node]

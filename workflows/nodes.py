@@ -232,6 +232,15 @@ async def undrain_node(client: Client, name: str, by: str = "") -> None:
     )
 
 
+async def episodes_on(client: Client, node: str) -> int:
+    """Open episodes whose sandbox is on `node` (visibility's `SandboxNode`)."""
+    query = (
+        "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running' "
+        f"AND SandboxNode = '{node}'"
+    )
+    return (await client.count_workflows(query)).count
+
+
 async def forget_node(client: Client, name: str, by: str = "") -> None:
     """Drop `name` from every shard that holds it (its own, and shard 0 of old)."""
     handles = {registry_id(shard_of(name)): node_registry(client, name)}

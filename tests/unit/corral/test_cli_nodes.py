@@ -36,6 +36,7 @@ CONFIG = REPO / "temporal-dev.yaml"
         (("node", "down", "node-9"), "unknown node 'node-9'"),
         (("node", "list"), "cannot reach Temporal at 127.0.0.1:1"),
         (("node", "drain", "node-1"), "cannot reach Temporal at 127.0.0.1:1"),
+        (("node", "forget", "node-1"), "cannot reach Temporal at 127.0.0.1:1"),
         (("up", "--role", "nodes"), "'nodes' is not one of 'all', 'control'"),
     ],
 )

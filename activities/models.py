@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandbox.models import check_env_keys, check_runtime_name, check_tmpfs_fits
+from sandbox.network import egress_cidr
+
 # --------------------------------------------------------------------------
 # What trainers write
 # --------------------------------------------------------------------------
@@ -40,11 +43,22 @@ class Resources(_Spec):
     # True: full weight always, like a fixed reservation.
     hard_cpu_quota: bool = False
 
+    @model_validator(mode="after")
+    def _tmpfs_below_memory(self) -> Resources:
+        # The node's SandboxSpec refuses it; refusing here fails the spec at start.
+        check_tmpfs_fits(self.tmpfs_mb, self.memory_mb)
+        return self
+
 
 class EgressRule(_Spec):
     cidr: str
     port: int | None = Field(default=None, ge=1, le=65535)
     protocol: Literal["tcp", "udp"] = "tcp"
+
+    @field_validator("cidr")
+    @classmethod
+    def _network_address(cls, value: str) -> str:
+        return egress_cidr(value)
 
 
 class Network(_Spec):
@@ -81,6 +95,18 @@ class Step(_Spec):
         if not value or (isinstance(value, str) and not value.strip()):
             raise ValueError("command is empty")
         return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env_keys(env)
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute_workdir(cls, workdir: str | None) -> str | None:
+        if workdir is not None and not workdir.startswith("/"):
+            raise ValueError(f"workdir {workdir!r} must be an absolute path")
+        return workdir
 
     def display(self) -> str:
         return self.cmd if isinstance(self.cmd, str) else " ".join(self.cmd)
@@ -129,6 +155,18 @@ class EpisodeSpec(_Spec):
     @classmethod
     def _string_is_reward_step(cls, value: Any) -> Any:
         return {"cmd": value} if isinstance(value, str) else value
+
+    # What the node's SandboxSpec would refuse is refused here too, so that a bad
+    # spec fails at start (InvalidEpisodeSpec), not as a failed episode.
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env_keys(env)
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, runtime: str) -> str:
+        return check_runtime_name(runtime)
 
     @model_validator(mode="after")
     def _no_steps_means_interactive(self) -> EpisodeSpec:

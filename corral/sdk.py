@@ -115,10 +115,12 @@ _REFUSALS = frozenset({"ValueError", "EpisodeRejected", "EpisodeFinishing", "Inv
 
 
 def parse_spec(spec: EpisodeSpec | dict[str, Any]) -> EpisodeSpec:
-    if isinstance(spec, EpisodeSpec):
-        return spec
+    """The spec, validated now: a model is checked again (and returned as it is),
+    since its fields may have changed after it was made (pydantic checks only then)."""
+    data = spec.model_dump() if isinstance(spec, EpisodeSpec) else spec
     try:
-        return EpisodeSpec.model_validate(spec)
+        checked = EpisodeSpec.model_validate(data)
+        return spec if isinstance(spec, EpisodeSpec) else checked
     except ValidationError as err:
         raise InvalidEpisodeSpec(f"invalid episode spec: {describe_validation_error(err)}") from err
 

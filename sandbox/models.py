@@ -32,6 +32,31 @@ _USER = re.compile(r"^\d+(:\d+)?$")
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,75}$")
 
 
+def check_env_keys(env: dict[str, str]) -> dict[str, str]:
+    """Every key a variable name (a key with '=' or a space would corrupt the env list)."""
+    for key in env:
+        if not _ENV_KEY.match(key):
+            raise ValueError(f"env key {key!r} is not a valid variable name")
+    return env
+
+
+def check_tmpfs_fits(tmpfs_mb: int, memory_mb: int) -> None:
+    # tmpfs pages are charged to the sandbox's memory cgroup: a full /tmp
+    # plus a full /dev/shm must leave room for the processes themselves.
+    if 2 * tmpfs_mb >= memory_mb:
+        raise ValueError(
+            f"tmpfs_mb {tmpfs_mb} is too large for memory_mb {memory_mb}: "
+            "/tmp and /dev/shm together must stay below memory_mb"
+        )
+
+
+def check_runtime_name(runtime: str) -> str:
+    """A runtime Corral drives (whether this host has it is the node's check)."""
+    if runtime not in RUNTIME_BINARIES:
+        raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIME_BINARIES)}")
+    return runtime
+
+
 def validate_sandbox_id(sandbox_id: str) -> str:
     """containerd ids: letters, digits, ``_.-``; we also keep them short for runc's paths."""
     if not _SANDBOX_ID.match(sandbox_id):
@@ -98,10 +123,7 @@ class SandboxSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_keys(cls, env: dict[str, str]) -> dict[str, str]:
-        for key in env:
-            if not _ENV_KEY.match(key):
-                raise ValueError(f"env key {key!r} is not a valid variable name")
-        return env
+        return check_env_keys(env)
 
     @field_validator("workdir")
     @classmethod
@@ -119,9 +141,7 @@ class SandboxSpec(BaseModel):
     @field_validator("runtime")
     @classmethod
     def _runtime_available(cls, runtime: str) -> str:
-        binaries = RUNTIME_BINARIES.get(runtime)
-        if binaries is None:
-            raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIME_BINARIES)}")
+        binaries = RUNTIME_BINARIES[check_runtime_name(runtime)]
         missing = [b for b in binaries if shutil.which(b) is None]
         if missing:
             hint = RUNTIME_HINTS.get(runtime)
@@ -139,13 +159,7 @@ class SandboxSpec(BaseModel):
 
     @model_validator(mode="after")
     def _tmpfs_below_memory(self) -> SandboxSpec:
-        # tmpfs pages are charged to the sandbox's memory cgroup: a full /tmp
-        # plus a full /dev/shm must leave room for the processes themselves.
-        if 2 * self.tmpfs_mb >= self.memory_mb:
-            raise ValueError(
-                f"tmpfs_mb {self.tmpfs_mb} is too large for memory_mb {self.memory_mb}: "
-                "/tmp and /dev/shm together must stay below memory_mb"
-            )
+        check_tmpfs_fits(self.tmpfs_mb, self.memory_mb)
         return self
 
 

@@ -99,6 +99,17 @@ async def test_malformed_spec_is_rejected_naming_the_field_before_any_workflow(
         ({"image": "busybox", "resources": {"memory_mb": 1}}, "memory_mb"),
         ({"image": "busybox", "steps": [""]}, "steps"),
         ({"steps": ["true"]}, "image"),
+        # Checked by the node's SandboxSpec too; refused here at start (issue 24).
+        ({"image": "busybox", "steps": ["true"], "env": {"A B": "1"}}, "env key 'A B'"),
+        (
+            {
+                "image": "busybox",
+                "steps": ["true"],
+                "network": {"mode": "allowlist", "egress": [{"cidr": "10.0.0.1/8"}]},
+            },
+            "network.egress.0.cidr",
+        ),
+        ({"image": "busybox", "steps": ["true"], "runtime": "kata"}, "runtime"),
     ]
     for spec, field in bad_specs:
         with pytest.raises(InvalidEpisodeSpec) as caught:

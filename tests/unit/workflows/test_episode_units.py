@@ -45,6 +45,28 @@ def test_sandbox_id_is_deterministic_64_hex_and_distinct() -> None:
         ({"image": "busybox", "files": [{"path": "rel", "content": ""}]}, "files"),
         ({"image": ""}, "image"),
         ({}, "image"),
+        # What the node's SandboxSpec refuses is refused at start (issue 24).
+        ({"image": "busybox", "env": {"A B": "1"}}, "env: Value error, env key 'A B'"),
+        ({"image": "busybox", "steps": [{"cmd": "ls", "env": {"1X": ""}}]}, "steps.0.env"),
+        ({"image": "busybox", "steps": [{"cmd": "ls", "workdir": "tmp"}]}, "steps.0.workdir"),
+        ({"image": "busybox", "reward": {"cmd": "ls", "workdir": "."}}, "reward.workdir"),
+        ({"image": "busybox", "runtime": "kata"}, "runtime"),
+        ({"image": "busybox", "resources": {"memory_mb": 64, "tmpfs_mb": 32}}, "resources"),
+        (
+            {
+                "image": "busybox",
+                "network": {"mode": "allowlist", "egress": [{"cidr": "10.0.0.1/8"}]},
+            },
+            "network.egress.0.cidr",
+        ),
+        (
+            {"image": "busybox", "network": {"mode": "allowlist", "egress": [{"cidr": "::/0"}]}},
+            "IPv6",
+        ),
+        (
+            {"image": "busybox", "network": {"mode": "allowlist", "egress": [{"cidr": "example"}]}},
+            "network.egress.0.cidr",
+        ),
     ],
 )
 def test_invalid_spec_names_the_field_on_one_line(spec: dict[str, object], field: str) -> None:
@@ -52,6 +74,20 @@ def test_invalid_spec_names_the_field_on_one_line(spec: dict[str, object], field
         parse_spec(spec)
     message = str(caught.value)
     assert field in message and "\n" not in message, message
+
+
+def test_a_spec_changed_after_it_was_made_is_checked_again_at_start() -> None:
+    spec = parse_spec({"image": "busybox", "steps": ["true"]})
+    spec.env["NOT A NAME"] = "x"  # pydantic does not check assignments
+    with pytest.raises(InvalidEpisodeSpec, match="env key 'NOT A NAME'"):
+        parse_spec(spec)
+
+
+def test_egress_cidrs_are_kept_in_canonical_form() -> None:
+    network = {"mode": "allowlist", "egress": [{"cidr": "10.1.0.0/255.255.0.0", "port": 443}]}
+    spec = parse_spec({"image": "busybox", "network": network})
+    assert spec.network.egress[0].cidr == "10.1.0.0/16"
+    assert parse_spec(spec) == spec
 
 
 def test_spec_shorthands() -> None:

@@ -9,6 +9,13 @@ down like any other (a sandbox is never reused after an episode). A
 background task refills the pool, one sandbox at a time so that refilling
 never starves the episodes of CPU.
 
+The pool is sized from the arrival rate: `size` is its floor, and it grows to
+the largest burst seen in the last `CLAIM_WINDOW_S` - the most episodes that
+asked for a sandbox of its shape (served warm or not) within any `BURST_S` -
+up to `GROWTH_LIMIT` x `size`. A training step's burst of rollouts comes
+again at the next step, so the next burst starts warm; a steady trickle of
+episodes does not grow it; when the bursts stop, it shrinks back to `size`.
+
 Only a spec the pool can serve is served: the pool's template (the default
 resources, no network, runc) and the same image. Environment variables
 travel with each exec, so they do not disqualify a spec.
@@ -20,6 +27,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
+from collections import deque
 
 from activities.foreground import Foreground
 from sandbox import Containerd, SandboxSpec, resolve_image_name
@@ -30,6 +39,11 @@ log = logging.getLogger("corral.pool")
 
 POOL_LABEL = "corral.pool"
 REFILL_BACKOFF_S = 5.0
+CLAIM_WINDOW_S = 300.0
+BURST_S = 10.0
+GROWTH_LIMIT = 16
+# How often an idle refill task looks whether the pool should shrink.
+SHRINK_CHECK_S = 30.0
 
 
 def pool_template(image: str) -> SandboxSpec:
@@ -42,6 +56,16 @@ def servable(spec: SandboxSpec, template: SandboxSpec) -> bool:
     ignore = {"env", "labels", "image", "shim_group"}
     same_image = resolve_image_name(spec.image) == template.image
     return same_image and spec.model_dump(exclude=ignore) == template.model_dump(exclude=ignore)
+
+
+def largest_burst(times: deque[float], span_s: float) -> int:
+    """The most of the (ascending) `times` that fall within any `span_s`."""
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] > span_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 class WarmPool:
@@ -60,6 +84,7 @@ class WarmPool:
         self._templates = {resolve_image_name(i): pool_template(i) for i in sizes}
         self._sizes = {resolve_image_name(i): n for i, n in sizes.items() if n > 0}
         self._ready: dict[str, list[str]] = {image: [] for image in self._sizes}
+        self._asked: dict[str, deque[float]] = {image: deque() for image in self._sizes}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -69,8 +94,18 @@ class WarmPool:
         if not self._sizes:
             return
         for info in await self._containerd.list_sandboxes({POOL_LABEL: "warm"}):
-            if info.image in self._ready and info.status == "running":
-                self._ready[info.image].append(info.id)
+            ready = self._ready.get(info.image)
+            # More than the floor (a refill cut off by a crash, a grown pool):
+            # the extra ones go, so the pool never holds more than it should.
+            if (
+                ready is not None
+                and info.status == "running"
+                and len(ready) < self._sizes[info.image]
+            ):
+                ready.append(info.id)
+            else:
+                with contextlib.suppress(CorralError):
+                    await self._containerd.destroy_sandbox(info.id)
         self._task = asyncio.create_task(self._refill_forever(), name="corral-pool-refill")
 
     async def stop(self, *, drain: bool = False) -> None:
@@ -91,14 +126,28 @@ class WarmPool:
     def ready_for(self, image: str) -> int:
         return len(self._ready.get(resolve_image_name(image), ()))
 
+    def target(self, image: str) -> int:
+        """How many the pool keeps ready now: its size, or the recent asking."""
+        image = resolve_image_name(image)
+        size = self._sizes.get(image, 0)
+        asked = self._asked.get(image)
+        if asked is None:
+            return size
+        horizon = time.monotonic() - CLAIM_WINDOW_S
+        while asked and asked[0] < horizon:
+            asked.popleft()
+        return min(size * GROWTH_LIMIT, max(size, largest_burst(asked, BURST_S)))
+
     # -------------------------------------------------------------- acquire
     async def acquire(self, spec: SandboxSpec, labels: dict[str, str]) -> str | None:
         """A warm sandbox now owned by `labels`' episode, or None (provision cold)."""
         image = resolve_image_name(spec.image)
         template = self._templates.get(image)
         ready = self._ready.get(image)
-        if template is None or not ready or not servable(spec, template):
+        if template is None or not servable(spec, template):
             return None
+        self._asked[image].append(time.monotonic())  # served or not: the pool grows to it
+        self._wake.set()
         while ready:
             sandbox_id = ready.pop()
             self._foreground.touch()  # its first step follows: refill after it
@@ -115,17 +164,26 @@ class WarmPool:
     # --------------------------------------------------------------- refill
     async def _refill_forever(self) -> None:
         while True:
-            short = [image for image, n in self._sizes.items() if len(self._ready[image]) < n]
-            if not short:
+            short = [i for i in self._sizes if len(self._ready[i]) < self.target(i)]
+            over = [i for i in self._sizes if len(self._ready[i]) > self.target(i)]
+            if not short and not over:
                 self._wake.clear()
-                await self._wake.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), SHRINK_CHECK_S)
                 continue
             await self._foreground.quiet()
+            image = (short or over)[0]
             try:
-                await self._add(short[0])
+                await (self._add(image) if short else self._remove_one(image))
             except CorralError as err:
-                log.warning("warm pool refill of %s failed: %s", short[0], err)
+                log.warning("warm pool resize of %s failed: %s", image, err)
                 await asyncio.sleep(REFILL_BACKOFF_S)
+
+    async def _remove_one(self, image: str) -> None:
+        """One warm sandbox fewer: the asking that grew the pool has stopped."""
+        ready = self._ready[image]
+        if ready:
+            await self._containerd.destroy_sandbox(ready.pop(0))
 
     async def _add(self, image: str) -> None:
         sandbox_id = secrets.token_hex(32)  # hex, like every sandbox id (Falco's container.id)

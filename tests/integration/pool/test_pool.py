@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from activities.node import NodeActivities
-from activities.pool import POOL_LABEL, WarmPool
+from activities.pool import POOL_LABEL, WarmPool, pool_template
 from sandbox import Containerd
 from workers.config import StackConfig
 from workers.stack import Stack
@@ -110,3 +110,49 @@ async def test_warm_acquire_latency_is_reported(containerd: Containerd, pool: Wa
         print(f"warm acquire: {elapsed_ms:.1f} ms")
     finally:
         await containerd.destroy_sandbox(sandbox_id)
+
+
+async def test_the_pool_grows_to_the_asking_and_shrinks_back(
+    containerd: Containerd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("activities.pool.CLAIM_WINDOW_S", 3.0)
+    monkeypatch.setattr("activities.pool.SHRINK_CHECK_S", 0.5)
+    pool = WarmPool(containerd, "pool-growth", {"busybox": 1})
+    template = pool_template("busybox")
+    await pool.start()
+    taken: list[str] = []
+    try:
+        await _until(lambda: pool.ready_for("busybox") == 1)
+        # A burst of three asks (one served warm, two that would go cold): the
+        # next burst is expected to be as large, so the pool grows to three.
+        for i in range(3):
+            claimed = await pool.acquire(template, {"corral.workflow_id": f"burst-{i}"})
+            taken += [claimed] if claimed else []
+        assert pool.target("busybox") == 3
+        await _until(lambda: pool.ready_for("busybox") == 3)
+        # The asking stops: once the window has passed, back to its size.
+        await _until(lambda: pool.ready_for("busybox") == 1)
+        assert pool.target("busybox") == 1
+    finally:
+        await pool.stop(drain=True)
+        for sandbox_id in taken:
+            await containerd.destroy_sandbox(sandbox_id)
+
+
+async def test_a_restarted_pool_keeps_no_more_than_its_size(containerd: Containerd) -> None:
+    first = WarmPool(containerd, "pool-restart", {"busybox": 2})
+    await first.start()
+    await _until(lambda: first.ready_for("busybox") == 2)
+    await first.stop()  # a crash: its sandboxes stay
+    # A refill the crash cut off had made one more.
+    extra = uuid.uuid4().hex * 2
+    await containerd.create_sandbox(
+        extra, pool_template("busybox"), {POOL_LABEL: "warm", "corral.node": "pool-restart"}
+    )
+    second = WarmPool(containerd, "pool-restart", {"busybox": 2})
+    await second.start()
+    try:
+        warm = await containerd.list_sandboxes({POOL_LABEL: "warm"})
+        assert second.ready_for("busybox") == 2 and len(warm) == 2
+    finally:
+        await second.stop(drain=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 from activities.capacity import (
@@ -15,6 +16,7 @@ from activities.capacity import (
     room_for,
 )
 from activities.models import NodeCapacity, NodeUsage
+from activities.pool import largest_burst
 
 CAPACITY = NodeCapacity(cores=2, memory_mb=1000, pids=10_000, max_sandboxes=5000)
 
@@ -98,3 +100,10 @@ def test_headroom_says_what_is_left_or_why_closed() -> None:
     assert headroom(CAPACITY, gate.judge(_use(memory_mb=1200))).startswith(
         "closed: memory budget of 1000 MiB is used up"
     )
+
+
+def test_the_largest_burst_is_the_most_asks_within_the_span() -> None:
+    times = deque([0.0, 1.0, 2.0, 30.0, 31.0, 31.5, 32.0, 90.0])
+    assert largest_burst(times, 10.0) == 4  # 30 .. 32
+    assert largest_burst(deque([5.0 * i for i in range(20)]), 4.0) == 1  # a steady trickle
+    assert largest_burst(deque(), 10.0) == 0

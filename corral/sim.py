@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError
 
 from activities.models import EpisodeSpec, Step
 from corral.sdk import Corral
@@ -45,6 +46,7 @@ DEFAULT_PORT_BASE = 24233
 JOIN_TIMEOUT_S = 120.0
 PARTITION_S = 40.0  # longer than the registry's lost verdict (20 s + one 5 s check)
 SLOW_FACTOR = 10.0
+OUTCOME_TRIES = 5
 
 
 class SimError(CorralError):
@@ -174,9 +176,9 @@ async def _run_with_stack(
 async def _wait_joined(client: Client, count: int) -> None:
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while time.monotonic() < deadline:
-        ready = [n for n in await list_nodes(client) if n.state == "ready"]
-        if len(ready) >= count:
-            return
+        with contextlib.suppress(RPCError):  # a busy server answers late: ask again
+            if sum(1 for n in await list_nodes(client) if n.state == "ready") >= count:
+                return
         await asyncio.sleep(1.0)
     raise SimError(f"only some of the {count} simulated nodes joined in {JOIN_TIMEOUT_S:.0f} s")
 
@@ -239,8 +241,12 @@ class _Run:
         self.killed = kills
 
     async def _open_episodes(self) -> int:
+        """Episodes still running (-1: the server did not answer; ask again)."""
         query = "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Running'"
-        return (await self.corral.client.count_workflows(query)).count
+        try:
+            return (await self.corral.client.count_workflows(query)).count
+        except RPCError:  # an overloaded server times out: that is a finding, not a crash
+            return -1
 
     async def _wait_closed(self) -> None:
         deadline = time.monotonic() + self.options.grace_s
@@ -301,6 +307,13 @@ class _Run:
 
     async def _outcomes(self) -> Counter[str]:
         """How each started episode ended, from visibility (and the failure's cause)."""
+        for _ in range(OUTCOME_TRIES - 1):
+            with contextlib.suppress(RPCError):  # a busy server times out: ask again
+                return await self._tally()
+            await asyncio.sleep(5.0)
+        return await self._tally()
+
+    async def _tally(self) -> Counter[str]:
         tally: Counter[str] = Counter()
         seen: set[str] = set()
         client = self.corral.client

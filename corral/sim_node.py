@@ -48,7 +48,7 @@ from activities.models import (
     TeardownResult,
     WriteFileInput,
 )
-from workflows.nodes import HEARTBEAT_EVERY_S, registry_id, send_heartbeat, shard_of
+from workflows.nodes import HEARTBEAT_EVERY_S, BeatGate, registry_id, send_heartbeat, shard_of
 
 SIM_IMAGE = "corral.local/busybox:latest"
 
@@ -103,6 +103,7 @@ class SimNode:
         self._silent_until = 0.0  # monotonic: heartbeats paused (a partition) until then
         self._worker: Worker | None = None
         self._beats: asyncio.Task[None] | None = None
+        self._gate = BeatGate()  # the node worker's rule: news, or the keep-alive
 
     # ------------------------------------------------------------ lifecycle
     def activities(self) -> list[Callable[..., object]]:
@@ -179,8 +180,12 @@ class SimNode:
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
     async def _beat(self, client: Client) -> None:
+        beat = self.heartbeat()
+        if not self._gate.due(beat, time.monotonic()):
+            return
         try:
-            await send_heartbeat(client, self._workflow_queue, self.heartbeat())
+            await send_heartbeat(client, self._workflow_queue, beat)
+            self._gate.sent(beat, time.monotonic())
             self._stats.signals[registry_id(shard_of(self.name))] += 1
         except asyncio.CancelledError:
             raise

@@ -1,8 +1,9 @@
 """A node's heartbeat to the node registry: who it is, what it holds, how busy.
 
-Sent every `HEARTBEAT_EVERY_S` by each node worker (signal-with-start of
-`NodeRegistryWorkflow`), so a node on any host joins the fleet by reaching
-Temporal, and stops being placed on within seconds of going silent.
+Looked at every `HEARTBEAT_EVERY_S` by each node worker and sent (signal-with-
+start of its `NodeRegistryWorkflow` shard) when placement's facts changed or
+the keep-alive is due (`BeatGate`), so a node on any host joins the fleet by
+reaching Temporal, and stops being placed on within seconds of going silent.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from importlib.metadata import PackageNotFoundError, version
 
 from temporalio.client import Client
@@ -21,7 +23,7 @@ from activities.node import NodeActivities
 from activities.pool import WarmPool
 from sandbox import Containerd
 from workers.config import StackConfig
-from workflows.nodes import HEARTBEAT_EVERY_S, send_heartbeat
+from workflows.nodes import HEARTBEAT_EVERY_S, BeatGate, send_heartbeat
 
 log = logging.getLogger("corral.heartbeat")
 
@@ -62,10 +64,13 @@ async def heartbeat_forever(
     pool: WarmPool | None = None,
 ) -> None:
     """Until cancelled; a failed beat is logged and the next one tried."""
+    gate = BeatGate()
     while True:
         try:
             beat = await build_heartbeat(config, node, activities, containerd, pool)
-            await send_heartbeat(client, config.workers.workflow_task_queue, beat)
+            if gate.due(beat, time.monotonic()):
+                await send_heartbeat(client, config.workers.workflow_task_queue, beat)
+                gate.sent(beat, time.monotonic())
         except asyncio.CancelledError:
             raise
         except Exception as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel
@@ -38,9 +39,13 @@ REGISTRY_WORKFLOW_ID = "corral-node-registry"  # shard 0 keeps the single regist
 # config, for that reason). 32 keeps a shard under 10 signals a second up to
 # 1,600 nodes beating every 5 s.
 REGISTRY_SHARDS = 32
-HEARTBEAT_EVERY_S = 5.0
-# Lost within 30 s of the last heartbeat: LOST_AFTER_S plus one check period.
-LOST_AFTER_S = 20.0
+HEARTBEAT_EVERY_S = 5.0  # a node looks this often whether it has news to send
+# A node with no news beats this often anyway (the keep-alive); placement stops
+# using a node silent for 15 s (activities/placement.py SILENT_AFTER_S).
+KEEPALIVE_EVERY_S = 10.0
+# Lost within 30 s of the last heartbeat: LOST_AFTER_S plus one check period;
+# two keep-alives and a half may go missing first.
+LOST_AFTER_S = 25.0
 CHECK_EVERY_S = 5.0
 RETELL_LOST_EVERY_S = 30.0
 # A node lost this long is dropped from the registry (`corral node list`).
@@ -185,6 +190,37 @@ def registry_handle(client: Client, shard: int = 0) -> WorkflowHandle[NodeRegist
 
 def node_registry(client: Client, node: str) -> WorkflowHandle[NodeRegistryWorkflow, None]:
     return registry_handle(client, shard_of(node))
+
+
+@dataclass
+class BeatGate:
+    """Whether a node's beat is worth a signal: sent when what placement reads
+    changed (sandboxes, admission, images, warm sandboxes), else only as the
+    keep-alive. An idle fleet of 1,000 nodes then sends 100 signals a second,
+    not 200 (docs/benchmarks.md, "corral sim")."""
+
+    _sent: tuple[object, ...] | None = None
+    _sent_at: float = -KEEPALIVE_EVERY_S
+
+    def due(self, beat: NodeHeartbeat, now: float) -> bool:
+        return _news(beat) != self._sent or now - self._sent_at >= KEEPALIVE_EVERY_S
+
+    def sent(self, beat: NodeHeartbeat, now: float) -> None:
+        self._sent, self._sent_at = _news(beat), now
+
+
+def _news(beat: NodeHeartbeat) -> tuple[object, ...]:
+    use = beat.use
+    return (
+        beat.task_queue,
+        beat.version,
+        beat.capacity,
+        use.sandboxes,
+        use.admitting,
+        use.closed,
+        tuple(beat.images),
+        tuple(sorted(beat.warm.items())),
+    )
 
 
 async def send_heartbeat(client: Client, task_queue: str, beat: NodeHeartbeat) -> None:

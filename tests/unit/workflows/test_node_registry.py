@@ -22,9 +22,11 @@ from activities.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUs
 from workers.workflow_worker import workflow_runner
 from workflows.nodes import (
     FORGET_LOST_AFTER_S,
+    KEEPALIVE_EVERY_S,
     LOST_AFTER_S,
     REGISTRY_SHARDS,
     RETELL_LOST_EVERY_S,
+    BeatGate,
     NodeRegistryWorkflow,
     drain_node,
     forget_node,
@@ -133,3 +135,13 @@ def test_nodes_spread_over_the_shards() -> None:
         per_shard[shard_of(name)] += 1
     # Even enough that no shard takes twice its share of the heartbeats.
     assert max(per_shard) < 2 * len(names) / REGISTRY_SHARDS
+
+
+def test_a_beat_is_sent_on_news_or_as_the_keep_alive() -> None:
+    gate, beat = BeatGate(), _beat("a")
+    assert gate.due(beat, 0.0)  # the first beat joins the node
+    gate.sent(beat, 0.0)
+    assert not gate.due(beat.model_copy(update={"load1": 3.0}), 1.0)  # no news for placement
+    busier = beat.model_copy(update={"use": NodeUsage(sandboxes=1)})
+    assert gate.due(busier, 1.0)
+    assert gate.due(beat, KEEPALIVE_EVERY_S)  # nothing new, but it must say it is alive

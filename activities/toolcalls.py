@@ -27,6 +27,8 @@ from activities.node import _heartbeating, _mapped, interrupted_step
 from activities.sensorwatch import SensorWatch
 from sandbox import Containerd
 from sandbox.agent import AgentChannel
+from sandbox.blobs import FileBlob, pull_bytes, push_bytes
+from sandbox.registry import RegistryOptions
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
@@ -60,6 +62,34 @@ class JobRequest(BaseModel):
     max_bytes: int = Field(default=MAX_JOB_READ, ge=1, le=MAX_JOB_READ)
     timeout_s: float | None = Field(default=None, gt=0, le=300)
     signal: int = Field(default=9, ge=1, le=64)
+
+
+class PutFileRequest(BaseModel):
+    """A file whose bytes wait in the registry (sandbox/blobs.py), by digest."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1)
+    blob: FileBlob
+    mode: int = Field(default=0o644, ge=0, le=0o7777)
+
+
+class GetFileRequest(BaseModel):
+    """Read a file into the registry; the reply names its blob."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1)
+    repository: str = Field(min_length=1)  # host[:port]/corral/files
+    max_bytes: int = Field(ge=1)
+
+
+class PutFileInput(BaseModel):
+    sandbox_id: str
+    request: PutFileRequest
+
+
+class GetFileInput(BaseModel):
+    sandbox_id: str
+    request: GetFileRequest
 
 
 class ToolExecInput(BaseModel):
@@ -106,7 +136,8 @@ class JobState(BaseModel):
 # -- the activities --------------------------------------------------------------
 class ToolCallActivities:
     """``sensor``: the node's watermark, as for steps (no command while the sensor is
-    down; a session exec returns after the sensor judged its events)."""
+    down; a session exec returns after the sensor judged its events). ``registry``:
+    the hosts and credentials for files that travel as registry blobs."""
 
     def __init__(
         self,
@@ -114,14 +145,19 @@ class ToolCallActivities:
         containerd: Containerd,
         state_dir: Path,
         sensor: SensorWatch | None = None,
+        registry: RegistryOptions | None = None,
     ) -> None:
         self.node = node
         self._containerd = containerd
         self._state_dir = Path(state_dir)
         self._sensor = sensor
+        self._registry = registry or RegistryOptions()
 
     def activities(self) -> list[Any]:
-        return [self.tool_exec, self.job_spawn, self.job_output, self.job_wait, self.job_kill]
+        return [
+            *(self.tool_exec, self.job_spawn, self.job_output, self.job_wait, self.job_kill),
+            *(self.file_put, self.file_get),
+        ]
 
     @activity.defn(name="corral.tool_exec")
     async def tool_exec(self, input: ToolExecInput) -> StepResult:
@@ -244,6 +280,21 @@ class ToolCallActivities:
     async def job_kill(self, input: JobInput) -> None:
         channel = await self._channel(input.sandbox_id)
         await _mapped(channel.kill(input.request.job, input.request.signal))
+
+    # Files of any size: bytes through the registry, the history holds the digest.
+    @activity.defn(name="corral.file_put")
+    async def file_put(self, input: PutFileInput) -> None:
+        request = input.request
+        data = await _heartbeating(_mapped(pull_bytes(request.blob, self._registry)))
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        await _heartbeating(_mapped(sandbox.write_file(request.path, data, request.mode)))
+
+    @activity.defn(name="corral.file_get")
+    async def file_get(self, input: GetFileInput) -> FileBlob:
+        request = input.request
+        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
+        data = await _heartbeating(_mapped(sandbox.read_file(request.path, request.max_bytes)))
+        return await _heartbeating(_mapped(push_bytes(request.repository, data, self._registry)))
 
     async def _channel(self, sandbox_id: str) -> AgentChannel:
         sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))

@@ -47,10 +47,12 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.toolcalls import (
+    GetFileRequest,
     JobInfo,
     JobOutputResult,
     JobRequest,
     JobState,
+    PutFileRequest,
     SpawnRequest,
     ToolExecRequest,
 )
@@ -75,8 +77,9 @@ from corral.errors import (
     InvalidEpisodeSpec,
 )
 from observability.tracing import flush_tracing, setup_tracing
+from sandbox.blobs import INLINE_MAX, FileBlob, files_repository, pull_bytes, push_bytes
 from sandbox.errors import CorralError
-from workers.config import StackConfig, describe_validation_error, load_config
+from workers.config import RegistryConfig, StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
 from workers.tenants import TenantRuleViolation, prepare_for_tenant
 from workflows.episode import EpisodeWorkflow
@@ -256,18 +259,46 @@ class Episode:
         return Job(self, info.job, info.cmd)
 
     async def write_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
+        """Any size: over `INLINE_MAX` bytes the content goes through the stack's registry
+        and the episode's history records its digest (sandbox/blobs.py)."""
         data = content.encode() if isinstance(content, str) else content
+        if len(data) > INLINE_MAX:
+            await self._put_file(path, data, mode)
+            return
         request = WriteFileRequest(
             path=path, content_b64=base64.b64encode(data).decode(), mode=mode
         )
         await self._update("write_file", request, None)
 
     async def read_file(self, path: str, *, max_bytes: int = 1_048_576) -> bytes:
-        """The file's bytes; `EpisodeFileNotFound` if it is not a file in the sandbox."""
+        """The file's bytes; `EpisodeFileNotFound` if it is not a file in the sandbox.
+        A `max_bytes` over `INLINE_MAX` reads through the stack's registry (any size)."""
+        if max_bytes > INLINE_MAX:
+            return await self._get_file(path, max_bytes)
         content: FileContent = await self._update(
             "read_file", ReadFileRequest(path=path, max_bytes=max_bytes), FileContent
         )
         return base64.b64decode(content.content_b64)
+
+    async def _put_file(self, path: str, data: bytes, mode: int) -> None:
+        registry = self._registry()
+        blob = await push_bytes(files_repository(registry.default), data, registry.options())
+        await self._update("put_file", PutFileRequest(path=path, blob=blob, mode=mode), None)
+
+    async def _get_file(self, path: str, max_bytes: int) -> bytes:
+        registry = self._registry()
+        request = GetFileRequest(
+            path=path, repository=files_repository(registry.default), max_bytes=max_bytes
+        )
+        blob: FileBlob = await self._update("get_file", request, FileBlob)
+        return await pull_bytes(blob, registry.options())
+
+    def _registry(self) -> RegistryConfig:
+        if self._corral is None:
+            raise InvalidEpisodeSpec(
+                "files over 1 MiB need the stack's registry: get the episode from a Corral"
+            )
+        return self._corral.config.registry
 
     async def finish(self) -> EpisodeResult:
         """End an interactive episode: run its reward, tear down, return the result."""

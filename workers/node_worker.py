@@ -97,7 +97,9 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         sensor=sensor,
     )
     # Sessions and jobs through the exec agent (docs/agent.md), watched like steps.
-    tool_calls = ToolCallActivities(node, containerd, config.node_dir(node), sensor=sensor)
+    tool_calls = ToolCallActivities(
+        node, containerd, config.node_dir(node), sensor=sensor, registry=config.registry.options()
+    )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]
     try:

@@ -29,11 +29,15 @@ with workflow.unsafe.imports_passed_through():
     from activities.placement import NODE_LOST_SIGNAL
     from activities.snapshots import SnapshotActivities
     from activities.toolcalls import (
+        GetFileInput,
+        GetFileRequest,
         JobInfo,
         JobInput,
         JobOutputResult,
         JobRequest,
         JobState,
+        PutFileInput,
+        PutFileRequest,
         SpawnInput,
         SpawnRequest,
         ToolCallActivities,
@@ -42,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
+    from sandbox.blobs import FileBlob
     from sandbox.snapshot import is_local_snapshot, snapshot_ref
     from workflows.admission import Admission, AdmissionDecision
     from workflows.models import (
@@ -776,6 +781,39 @@ class EpisodeWorkflow:
     @read_file.validator
     def _validate_read_file(self, request: ReadFileRequest) -> None:
         self._check_open()
+
+    # Files of any size: the bytes travel as a registry blob, the history holds its digest.
+    @workflow.update(name="put_file")
+    async def put_file_update(self, request: PutFileRequest) -> None:
+        await self._file_activity(
+            ToolCallActivities.file_put,
+            PutFileInput(sandbox_id=self._s.sandbox_id, request=request),
+        )
+
+    @put_file_update.validator
+    def _validate_put_file(self, request: PutFileRequest) -> None:
+        self._check_open()
+
+    @workflow.update(name="get_file")
+    async def get_file_update(self, request: GetFileRequest) -> FileBlob:
+        blob: FileBlob = await self._file_activity(
+            ToolCallActivities.file_get,
+            GetFileInput(sandbox_id=self._s.sandbox_id, request=request),
+        )
+        return blob
+
+    @get_file_update.validator
+    def _validate_get_file(self, request: GetFileRequest) -> None:
+        self._check_open()
+
+    async def _file_activity(self, method: Any, call: Any) -> Any:
+        """As `write_file`/`read_file` do: in turn with other requests, the sandbox awake."""
+        await self._wait_interactive()
+        async with self._lock:
+            self._check_open()
+            await _surfaced(self._wake())
+            self._touch()
+            return await _surfaced(self._node_activity(method, call, timeout_s=600))
 
     # Tool calls through the exec agent (activities/toolcalls.py, docs/agent.md).
     @workflow.update(name="tool_exec")

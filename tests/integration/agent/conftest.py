@@ -9,8 +9,11 @@ sandbox is destroyed when its test ends, and the session fails if any is left.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,23 @@ from sandbox.sandbox import Sandbox
 from workers.stack import Stack
 
 AGENT_NAMESPACE = "corral-agent-tests"
+_INTEGRATION = Path(__file__).resolve().parents[1]
+
+
+def _registry_fixtures() -> object:
+    """The registry tests' conftest (a real docker-registry on a loopback port), loaded
+    under its own name, as tests/integration/fork does: large files travel through it."""
+    sys.path.insert(0, str(_INTEGRATION / "registry"))
+    spec = importlib.util.spec_from_file_location(
+        "agent_registry_fixtures", _INTEGRATION / "registry" / "conftest.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+open_registry = _registry_fixtures().open_registry  # type: ignore[attr-defined]
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]
 

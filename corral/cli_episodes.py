@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,6 +18,7 @@ from corral.cli import (
     Context,
     console,
     emit_json,
+    fail,
     load_spec_file,
     out,
     pass_ctx,
@@ -123,14 +125,27 @@ def _print_result(result: EpisodeResult | None, as_json: bool) -> None:
 @click.argument("episode_id")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--timeout-s", type=float, default=None)
+@click.option(
+    "--follow", is_flag=True, help="Print stdout as it comes (a background job; needs the agent)."
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @run_async
 async def episode_exec(
-    ctx: Context, episode_id: str, command: tuple[str, ...], timeout_s: float | None, as_json: bool
+    ctx: Context,
+    episode_id: str,
+    command: tuple[str, ...],
+    timeout_s: float | None,
+    follow: bool,
+    as_json: bool,
 ) -> None:
     """Run COMMAND in a running interactive episode (a Temporal Update)."""
     corral = await Corral.connect(ctx.config)
+    if follow:
+        if as_json:
+            fail("--follow prints output as it comes; it has no --json")
+        await _exec_followed(corral, episode_id, shell_join(command), timeout_s)
+        return
     result = await corral.episode(episode_id).exec(shell_join(command), timeout_s=timeout_s)
     if as_json:
         emit_json(result)
@@ -138,6 +153,19 @@ async def episode_exec(
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)
     raise SystemExit(result.exit_code)
+
+
+async def _exec_followed(
+    corral: Corral, episode_id: str, command: str | list[str], timeout_s: float | None
+) -> None:
+    """stdout as it comes, then stderr; exits with the command's status (128+N if killed)."""
+    job = await corral.episode(episode_id).spawn(command, timeout_s=timeout_s)
+    async for chunk in job.follow():
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+    state = await job.wait()
+    sys.stderr.buffer.write(await job.output("stderr"))
+    raise SystemExit(state.exit_code if not state.signal else 128 + state.signal)
 
 
 @episode.command("show")

@@ -19,7 +19,7 @@ import asyncio
 import base64
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -148,6 +148,8 @@ class Job:
     """A background job in an episode's sandbox (``Episode.spawn``)."""
 
     WAIT_SLICE_S = 300.0  # one Update waits at most this long
+    FOLLOW_POLL_MIN_S = 0.05  # `follow`'s pause after a quiet poll, doubled up to the max
+    FOLLOW_POLL_MAX_S = 0.4
 
     def __init__(self, episode: Episode, job_id: int, cmd: str) -> None:
         self.episode = episode
@@ -170,6 +172,28 @@ class Job:
             offset = out.offset + len(data)
             if not data or offset >= out.total:
                 return b"".join(parts)
+
+    async def follow(self, stream: str = "stdout") -> AsyncGenerator[bytes, None]:
+        """Its output as it comes, chunk by chunk, until it ends and all is read.
+
+        Polls with one `job_output` Update per round: at once while output flows,
+        backing off to `FOLLOW_POLL_MAX_S` while it is quiet."""
+        offset, pause = 0, self.FOLLOW_POLL_MIN_S
+        while True:
+            request = JobRequest(job=self.id, stream=stream, offset=offset)  # type: ignore[arg-type]
+            out: JobOutputResult = await self.episode._update(
+                "job_output", request, JobOutputResult
+            )
+            data = base64.b64decode(out.data_b64)
+            offset = out.offset + len(data)
+            if data:
+                yield data
+                pause = self.FOLLOW_POLL_MIN_S
+            if not out.running and offset >= out.total:
+                return
+            if not data:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self.FOLLOW_POLL_MAX_S)
 
     async def wait(self, timeout_s: float | None = None) -> JobState:
         """Until it ends (or ``timeout_s`` passes: then ``running`` is True)."""
@@ -257,6 +281,29 @@ class Episode:
         request = SpawnRequest(cmd=cmd, env=env or {}, workdir=workdir, timeout_s=timeout_s)
         info: JobInfo = await self._update("spawn", request, JobInfo)
         return Job(self, info.job, info.cmd)
+
+    async def stream(
+        self,
+        cmd: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncGenerator[bytes, None]:
+        """Run ``cmd`` as a background job and yield its stdout as it comes (needs the
+        exec agent): ``async for chunk in episode.stream("make test"): ...``. Closing
+        the stream before its end (``contextlib.aclosing``, or its task cancelled)
+        kills the command's whole tree."""
+        job = await self.spawn(cmd, env=env, workdir=workdir, timeout_s=timeout_s)
+        ended = False
+        try:
+            async for chunk in job.follow():
+                yield chunk
+            ended = True
+        finally:
+            if not ended:
+                with contextlib.suppress(CorralError):
+                    await asyncio.shield(job.kill())
 
     async def write_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
         """Any size: over `INLINE_MAX` bytes the content goes through the stack's registry

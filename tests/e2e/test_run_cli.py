@@ -47,21 +47,22 @@ def run_env() -> Iterator[dict[str, str]]:
 
 
 def _free_ports() -> dict[str, str]:
-    """A port family nobody serves: the machine is shared by other test stacks."""
-    for base in range(50000, 64000, 2000):
-        ports = {
-            "CORRAL_TEMPORAL_ADDRESS": base + 233,
-            "CORRAL_TEMPORAL_UI_PORT": base + 1233,
-            "CORRAL_TEMPORAL_METRICS_PORT": base + 1333,
-            "CORRAL_METRICS_PORT_BASE": base + 1460,
-            "CORRAL_INTAKE_PORT": base + 1765,
-        }
-        probe = [*ports.values(), *range(base + 233, base + 240), *range(base + 1460, base + 1466)]
-        if not any(listening(p) for p in probe):
-            env = {k: str(v) for k, v in ports.items()}
-            env["CORRAL_TEMPORAL_ADDRESS"] = f"127.0.0.1:{base + 233}"
-            return env
-    raise AssertionError("no free port family for the e2e stack")
+    """This module's port family (30233... + the test offset), like the other e2e
+    stacks' (24233 TLS, 26233 stack, 28233 Web UI): below 32768, the kernel's
+    ephemeral range, where a client's outgoing connection could take one first."""
+    base = 30000 + int(os.environ.get("CORRAL_TEST_PORT_OFFSET", "0"))
+    ports = {
+        "CORRAL_TEMPORAL_UI_PORT": base + 333,
+        "CORRAL_TEMPORAL_METRICS_PORT": base + 433,
+        "CORRAL_METRICS_PORT_BASE": base + 460,
+        "CORRAL_INTAKE_PORT": base + 765,
+    }
+    probe = [*ports.values(), *range(base + 233, base + 240), *range(base + 460, base + 466)]
+    busy = [port for port in probe if listening(port)]
+    assert not busy, f"ports {busy} are taken: set CORRAL_TEST_PORT_OFFSET to a free family"
+    return {"CORRAL_TEMPORAL_ADDRESS": f"127.0.0.1:{base + 233}"} | {
+        key: str(port) for key, port in ports.items()
+    }
 
 
 def test_run_batch_writes_summary_and_parquet(run_env: dict[str, str], tmp_path: Path) -> None:
@@ -93,7 +94,9 @@ def test_run_batch_writes_summary_and_parquet(run_env: dict[str, str], tmp_path:
     assert set(summary["outcomes"]) <= {"completed", "failed", "killed"}
     failed = summary["outcomes"].get("failed", 0)
     assert sum(summary["failed_by_reason"].values()) == failed
-    assert all("step 1" in reason for reason in summary["failed_by_reason"])
+    assert all("step 1" in reason for reason in summary["failed_by_reason"]), summary[
+        "failed_by_reason"
+    ]
     assert summary["per_second"] > 0 and summary["p50_s"] <= summary["p99_s"]
     assert summary["results_file"] == str(out)
 

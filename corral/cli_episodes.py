@@ -14,7 +14,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from corral.cli import (
+from corral.cli_common import (
     Context,
     console,
     emit_json,

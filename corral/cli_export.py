@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from corral.cli import Context, emit_json, fail, out, pass_ctx, run_async
+from corral.cli_common import Context, emit_json, fail, out, pass_ctx, run_async
 from corral.cli_tools import parse_since
 from corral.export import FORMATS, ExportFormat, export_trajectories, write_rows
 from corral.sdk import Corral

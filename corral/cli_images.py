@@ -19,7 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, Transfe
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from corral.cli import (
+from corral.cli_common import (
     Context,
     console,
     emit_json,

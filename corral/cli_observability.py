@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from corral.cli import Context, fail, out, pass_ctx
+from corral.cli_common import Context, fail, out, pass_ctx
 from observability.metrics import BIND_HOST
 from observability.prometheus import ScrapeTarget, prometheus_yaml
 from workers.config import StackConfig

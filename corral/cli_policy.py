@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from corral.cli import Context, emit_json, fail, out, pass_ctx, run_async
+from corral.cli_common import Context, emit_json, fail, out, pass_ctx, run_async
 from policies.falco.engine import Ruleset
 from policies.falco.explain import explain_rule
 from policies.falco.fields import default_registry

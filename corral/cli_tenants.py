@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from corral.cli import Context, emit_json, out, pass_ctx, run_async
+from corral.cli_common import Context, emit_json, out, pass_ctx, run_async
 
 
 @click.group()

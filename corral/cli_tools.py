@@ -11,7 +11,7 @@ import click
 from pydantic import BaseModel
 from rich.progress import Progress
 
-from corral.cli import Context, console, emit_json, fail, out, pass_ctx, run_async
+from corral.cli_common import Context, console, emit_json, fail, out, pass_ctx, run_async
 from observability.extras import require
 
 T = TypeVar("T")

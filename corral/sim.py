@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -32,6 +33,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.service import RPCError
 
 from activities.models import EpisodeSpec, Step
@@ -40,6 +48,7 @@ from corral.sim_node import SimNode, SimStats, Timings
 from sandbox.errors import CorralError
 from workers.config import StackConfig, load_config
 from workers.stack import Stack
+from workers.temporal import connect
 from workflows.nodes import REGISTRY_SHARDS, list_nodes, registry_handle
 
 DEFAULT_PORT_BASE = 24233
@@ -47,6 +56,8 @@ JOIN_TIMEOUT_S = 120.0
 PARTITION_S = 40.0  # longer than the registry's lost verdict (20 s + one 5 s check)
 SLOW_FACTOR = 10.0
 OUTCOME_TRIES = 5
+NODES_PER_CONNECTION = 100
+BASELINE_S = 10.0  # the joined fleet with no episode: what heartbeats alone cost
 
 
 class SimError(CorralError):
@@ -83,6 +94,8 @@ class SimReport(BaseModel):
     temporal_cpu_ms_per_episode: float
     temporal_cpu_ms_per_step: float
     temporal_cpu_share: float  # of one core, over the run
+    temporal_cpu_share_idle: float  # of one core, the fleet's heartbeats with no episode
+    temporal_cpu_ms_per_episode_net: float  # the idle share taken out
     workflow_worker_cpu_ms_per_episode: float
     max_signals_per_s_per_workflow: float
     heartbeat_signals_per_s: float  # into all registry shards together
@@ -90,6 +103,7 @@ class SimReport(BaseModel):
     hottest_workflow: str
     hottest_history_events: int
     hottest_history_bytes: int
+    episode_history_events: int  # median over a few completed episodes
     killed_nodes: int
     heartbeat_errors: int
     run_s: float
@@ -163,14 +177,29 @@ async def _run_with_stack(
         for i in range(options.nodes)
     ]
     say(f"{len(nodes)} simulated nodes")
-    for node in nodes:
-        node.start(corral.client)
+    runtime = _quiet_runtime()
+    for first in range(0, len(nodes), NODES_PER_CONNECTION):
+        # Real nodes each have their own connection; a thousand long polls on one
+        # HTTP/2 connection would queue every other call behind them.
+        client = await connect(config, runtime=runtime)
+        for node in nodes[first : first + NODES_PER_CONNECTION]:
+            node.start(client)
     try:
         await _wait_joined(corral.client, len(nodes))
         run = _Run(options, corral, nodes, stats, stack)
         return await run.measure(rng, say)
     finally:
         await asyncio.gather(*(node.stop() for node in nodes), return_exceptions=True)
+
+
+def _quiet_runtime() -> Runtime:
+    """The nodes' Temporal runtime: core's warnings to Python logging (stderr), never
+    to stdout, which carries `--json`."""
+    forward = LogForwardingConfig(logger=logging.getLogger("corral.sim.core"))
+    quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+    return Runtime(
+        telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet, forwarding=forward))
+    )
 
 
 async def _wait_joined(client: Client, count: int) -> None:
@@ -256,6 +285,10 @@ class _Run:
     async def measure(self, rng: random.Random, say: Callable[[str], None]) -> SimReport:
         temporal_pid = self.stack.process("temporal").pid()
         worker_pid = self.stack.process("workflow-worker").pid()
+        say(f"{BASELINE_S:.0f} s of the fleet alone")
+        idle0 = cpu_ms(temporal_pid)
+        await asyncio.sleep(BASELINE_S)
+        idle_share = (cpu_ms(temporal_pid) - idle0) / (BASELINE_S * 1000.0)
         cpu0, worker0 = cpu_ms(temporal_pid), cpu_ms(worker_pid)
         signals0 = Counter(self.stats.signals)
         began = time.monotonic()
@@ -270,6 +303,7 @@ class _Run:
         signals.subtract(signals0)
         outcome = await self._outcomes()
         hottest, events, size = await self._hottest()
+        episode_events = await self._episode_events()
         started = len(self.submitted)
         latencies = [
             (self.stats.first_activity[ep] - at) * 1000.0
@@ -277,6 +311,7 @@ class _Run:
             if ep in self.stats.first_activity
         ]
         per_episode = temporal_cpu / max(started, 1)
+        net = max(temporal_cpu - idle_share * run_s * 1000.0, 0.0) / max(started, 1)
         return SimReport(
             nodes=len(self.nodes),
             arrival_rate=self.options.rate,
@@ -293,6 +328,8 @@ class _Run:
             temporal_cpu_ms_per_episode=round(per_episode, 1),
             temporal_cpu_ms_per_step=round(per_episode / self.options.steps, 2),
             temporal_cpu_share=round(temporal_cpu / (run_s * 1000.0), 3),
+            temporal_cpu_share_idle=round(idle_share, 3),
+            temporal_cpu_ms_per_episode_net=round(net, 1),
             workflow_worker_cpu_ms_per_episode=round(worker_cpu / max(started, 1), 1),
             max_signals_per_s_per_workflow=round(max(signals.values(), default=0) / run_s, 2),
             heartbeat_signals_per_s=round(sum(signals.values()) / run_s, 1),
@@ -300,6 +337,7 @@ class _Run:
             hottest_workflow=hottest,
             hottest_history_events=events,
             hottest_history_bytes=size,
+            episode_history_events=episode_events,
             killed_nodes=self.killed,
             heartbeat_errors=self.stats.heartbeat_errors,
             run_s=round(run_s, 1),
@@ -338,6 +376,15 @@ class _Run:
             cause = str(err.cause) if err.cause is not None else str(err)
             return "node_lost" if "node lost" in cause else "failed"
         return "failed"
+
+    async def _episode_events(self, sample: int = 5) -> int:
+        """History length of completed episodes (the median of a few)."""
+        query = "WorkflowType = 'EpisodeWorkflow' AND ExecutionStatus = 'Completed'"
+        lengths: list[float] = []
+        with contextlib.suppress(RPCError):
+            async for execution in self.corral.client.list_workflows(query, limit=sample):
+                lengths.append(float(execution.history_length or 0))
+        return int(percentile(lengths, 0.5))
 
     async def _hottest(self) -> tuple[str, int, int]:
         """The registry shard with the longest current history (the hot workflows)."""

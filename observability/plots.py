@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 if TYPE_CHECKING:
-    from observability.report import PhaseLatency
+    from observability.report_models import PhaseLatency
 
 STYLE: dict[Any, Any] = {
     "font.size": 11,

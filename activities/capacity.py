@@ -9,9 +9,10 @@ the machine sat idle. So a node admits while what it measures allows:
 - host threads under `pids` (shims and sandboxes share `kernel.pid_max`);
 - free disk under the state directory at least `disk_min_free_mb`;
 - CPU pressure (PSI `some avg10`) under `cpu_pressure_high` - counted only
-  while the sandboxes' running steps hold at least the node's cores, so the
-  node's own burst of provisioning (runc, shims) never closes the gate on the
-  burst it is serving;
+  while the sandboxes themselves use at least `SANDBOX_CPU_SHARE` of the
+  node's cores (measured from their parent cgroup's CPU time), so pressure
+  from anything else (the node's own burst of provisioning, runc, the control
+  plane beside it) never closes the gate on the episodes it is serving;
 - its sandbox count under `max_sandboxes` (a hard cap, no hysteresis).
 
 Each measured limit has hysteresis: once a limit closes the gate it stays
@@ -23,7 +24,10 @@ does not flap between admitting and refusing with every heartbeat. Nominal
 
 `corral.provision` asks `room_for` before it makes a sandbox and raises
 `NodeFull` (an `ApplicationError` type the workflow re-places on) when the
-answer names a limit. Placement reads the same figures from heartbeats.
+count, memory, threads or disk are used up. CPU pressure is a placement
+matter only: placement reads `admitting` from heartbeats and an episode
+waits while no node admits, but a provision already placed is never failed
+for pressure (a scripted episode's provision cannot be retried elsewhere).
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.models import NodeCapacity, NodeUsage
+from sandbox.cgroups import CGROUP_ROOT
+from sandbox.spec import CGROUP_PARENT
 
 # What the host keeps for itself: the budget is this share of the machine.
 HOST_SHARE = 0.9
@@ -47,6 +54,12 @@ THREADS_PER_IDLE_SANDBOX = 6
 # of its shim), counted for placements a heartbeat has not reported yet.
 IDLE_SANDBOX_MB = 8
 DEFAULT_OVERCOMMIT = 50.0
+# CPU pressure closes the gate only while the sandboxes use this share of the
+# cores; it reopens once they use less than REOPEN_SHARE (or pressure falls).
+SANDBOX_CPU_SHARE = 0.75
+REOPEN_SHARE = 0.5
+# Sandboxes' CPU time: their common parent cgroup (sandbox/spec.py).
+SANDBOX_CPUACCT = CGROUP_ROOT / "cpuacct" / CGROUP_PARENT.strip("/") / "cpuacct.usage"
 
 
 class NodeBudgetConfig(BaseModel):
@@ -85,18 +98,47 @@ def node_capacity(budget: NodeBudgetConfig | None = None) -> NodeCapacity:
     )
 
 
+@dataclass
+class SandboxCpuMeter:
+    """Cores the sandboxes used over the last second or more, from the CPU time
+    of their parent cgroup (0 where it cannot be read)."""
+
+    usage_file: Path = SANDBOX_CPUACCT
+    min_interval_s: float = 1.0
+    _last: tuple[float, int] | None = None
+    _cores: float = 0.0
+
+    def cores(self) -> float:
+        try:
+            usage_ns = int(self.usage_file.read_text())
+        except (OSError, ValueError):
+            return 0.0
+        now = time.monotonic()
+        if self._last is None:
+            self._last = (now, usage_ns)
+        elif now - self._last[0] >= self.min_interval_s:
+            then, before = self._last
+            self._cores = max(0, usage_ns - before) / 1e9 / (now - then)
+            self._last = (now, usage_ns)
+        return round(self._cores, 3)
+
+
 def measure(
-    cpu_cores: dict[str, float], busy: set[str] | None = None, disk: Path | None = None
+    cpu_cores: dict[str, float],
+    busy: set[str] | None = None,
+    disk: Path | None = None,
+    sandbox_cpu: float = 0.0,
 ) -> NodeUsage:
     """What the node uses now: `cpu_cores` maps its live sandboxes to their
-    ceilings, `busy` names those running a step; memory, threads, CPU pressure
-    and disk are the host's."""
+    ceilings, `busy` names those running a step, `sandbox_cpu` is the cores
+    they use (SandboxCpuMeter); memory, threads, CPU pressure and disk are the
+    host's."""
     busy = busy or set()
     return NodeUsage(
         sandboxes=len(cpu_cores),
         busy=len(busy),
         cpu_cores=round(sum(cpu_cores.values()), 3),
-        busy_cores=round(sum(cpu_cores.get(s, 1.0) for s in busy), 3),
+        sandbox_cpu=sandbox_cpu,
         cpu_pressure=cpu_pressure(),
         memory_mb=meminfo_mb("MemTotal") - meminfo_mb("MemAvailable"),
         pids=_host_threads(),
@@ -123,10 +165,16 @@ class AdmissionGate:
         use.closed = "; ".join(self.closed.values())
         return use
 
+    def hard_limits(self) -> str:
+        """The closed limits a provision must respect: all but CPU pressure,
+        which only steers placement (see the module's docstring)."""
+        return "; ".join(why for limit, why in self.closed.items() if limit != "cpu")
+
     def _limits(self, use: NodeUsage) -> dict[str, tuple[bool, bool, str]]:
         """Per limit: at or over it, back under its low-water mark, and the reason."""
         cap, keep = self.capacity, 1 - self.capacity.hysteresis
-        cpu_bound = use.busy_cores >= cap.cores
+        cpu_bound = use.sandbox_cpu >= cap.cores * SANDBOX_CPU_SHARE
+        cpu_eased = use.sandbox_cpu < cap.cores * REOPEN_SHARE
         limits = {
             "memory": (
                 use.memory_mb >= cap.memory_mb,
@@ -140,9 +188,9 @@ class AdmissionGate:
             ),
             "cpu": (
                 cpu_bound and use.cpu_pressure >= cap.cpu_pressure_high,
-                not cpu_bound or use.cpu_pressure <= cap.cpu_pressure_low,
-                f"CPU pressure {use.cpu_pressure:.0f}% >= {cap.cpu_pressure_high:g}% with "
-                f"{use.busy} sandboxes running steps ({use.busy_cores:g} of {cap.cores:g} cores)",
+                cpu_eased or use.cpu_pressure <= cap.cpu_pressure_low,
+                f"CPU pressure {use.cpu_pressure:.0f}% >= {cap.cpu_pressure_high:g}% while "
+                f"sandboxes use {use.sandbox_cpu:g} of {cap.cores:g} cores",
             ),
         }
         if use.disk_free_mb is not None:
@@ -155,12 +203,12 @@ class AdmissionGate:
         return limits
 
 
-def room_for(capacity: NodeCapacity, use: NodeUsage) -> str | None:
-    """Why one more sandbox does not fit, or None if it does (`use` judged by
-    the node's `AdmissionGate`)."""
+def room_for(capacity: NodeCapacity, use: NodeUsage, closed: str = "") -> str | None:
+    """Why one more sandbox does not fit, or None if it does: the count, or
+    `closed` (the gate's hard limits, AdmissionGate.hard_limits)."""
     if use.sandboxes + 1 > capacity.max_sandboxes:
         return f"sandbox budget of {capacity.max_sandboxes} is used up ({use.sandboxes} live)"
-    return use.closed or None
+    return closed or None
 
 
 def free_slots(capacity: NodeCapacity, use: NodeUsage, reserved: int = 0) -> int:

@@ -396,7 +396,7 @@ class NodeUsage(BaseModel):
     sandboxes: int = 0
     busy: int = 0  # sandboxes running a step right now
     cpu_cores: float = 0.0  # nominal ceilings of the live sandboxes (shown, not gated)
-    busy_cores: float = 0.0  # ceilings of the sandboxes running a step
+    sandbox_cpu: float = 0.0  # cores the sandboxes used over the last interval
     cpu_pressure: float = 0.0  # PSI some avg10, percent
     memory_mb: int = 0
     pids: int = 0

@@ -30,7 +30,13 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.capacity import AdmissionGate, measure, node_capacity, room_for
+from activities.capacity import (
+    AdmissionGate,
+    SandboxCpuMeter,
+    measure,
+    node_capacity,
+    room_for,
+)
 from activities.foreground import Foreground
 from activities.models import (
     EpisodeSpec,
@@ -144,6 +150,7 @@ class NodeActivities:
         self.capacity = capacity or node_capacity()
         # Measured limits with hysteresis: heartbeats and provisions judge alike.
         self._gate = AdmissionGate(self.capacity)
+        self._sandbox_cpu = SandboxCpuMeter()
         self._cpu = ElasticCpu()
         # This node's episode sandboxes and their CPU ceilings (the nominal CPU
         # committed); filled from containerd on first use, then kept in step.
@@ -219,7 +226,8 @@ class NodeActivities:
     async def use(self) -> NodeUsage:
         """What this node uses now and whether it admits more (heartbeats carry it)."""
         ledger = await self._ledger()
-        return self._gate.judge(measure(ledger, self._cpu.busy_ids(), self._state_dir))
+        usage = measure(ledger, self._cpu.busy_ids(), self._state_dir, self._sandbox_cpu.cores())
+        return self._gate.judge(usage)
 
     async def _ledger(self) -> dict[str, float]:
         """Live sandboxes -> CPU ceiling, read from containerd once per worker."""
@@ -230,7 +238,7 @@ class NodeActivities:
 
     async def _reserve(self, sandbox_id: str, cpu_cores: float) -> None:
         """Take room for a new sandbox, or raise NodeFull naming the used-up budget."""
-        full = room_for(self.capacity, await self.use())
+        full = room_for(self.capacity, await self.use(), self._gate.hard_limits())
         if full:
             raise _app_error_from_message("NodeFull", f"node {self.node} is full: {full}")
         (await self._ledger())[sandbox_id] = cpu_cores

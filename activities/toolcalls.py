@@ -52,6 +52,23 @@ class SpawnRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     timeout_s: float | None = Field(default=None, gt=0)
+    pty: bool = False  # a pseudo-terminal (`corral episode shell`), typed into by job_stdin
+    rows: int = Field(default=24, ge=1, le=1000)
+    cols: int = Field(default=80, ge=1, le=1000)
+
+
+class JobStdinRequest(BaseModel):
+    """Bytes for a job's stdin (its terminal when spawned with ``pty``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    job: int = Field(ge=1)
+    data_b64: str = Field(max_length=1 << 20)
+    eof: bool = False
+
+
+class JobStdinInput(BaseModel):
+    sandbox_id: str
+    request: JobStdinRequest
 
 
 class JobRequest(BaseModel):
@@ -156,7 +173,7 @@ class ToolCallActivities:
     def activities(self) -> list[Any]:
         return [
             *(self.tool_exec, self.job_spawn, self.job_output, self.job_wait, self.job_kill),
-            *(self.file_put, self.file_get),
+            *(self.file_put, self.file_get, self.job_stdin),
         ]
 
     @activity.defn(name="corral.tool_exec")
@@ -244,6 +261,7 @@ class ToolCallActivities:
                 env={**input.base_env, **request.env} or None,
                 cwd=request.workdir,
                 timeout_s=request.timeout_s,
+                pty=(request.rows, request.cols) if request.pty else None,
             )
         )
         info = JobInfo(job=job, cmd=cmd)
@@ -275,6 +293,12 @@ class ToolCallActivities:
             signal=status.signal,
             duration_s=status.duration_s,
         )
+
+    @activity.defn(name="corral.job_stdin")
+    async def job_stdin(self, input: JobStdinInput) -> None:
+        req = input.request
+        channel = await self._channel(input.sandbox_id)
+        await _mapped(channel.send_stdin(req.job, base64.b64decode(req.data_b64), req.eof))
 
     @activity.defn(name="corral.job_kill")
     async def job_kill(self, input: JobInput) -> None:

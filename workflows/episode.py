@@ -36,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
         JobOutputResult,
         JobRequest,
         JobState,
+        JobStdinInput,
+        JobStdinRequest,
         PutFileInput,
         PutFileRequest,
         SpawnInput,
@@ -136,6 +138,8 @@ IDLE_TIMER_REARMED = "idle-timer-rearmed"
 QUARANTINE_AFTER_BODY = "quarantine-after-body"
 # Patch id: an alert that arrives during the teardown still decides the outcome.
 LATE_ALERTS = "late-alerts"
+# Patch id: a node that answers NodeFull is asked again later, not excluded.
+NODE_FULL_WAITS = "node-full-waits"
 
 T = TypeVar("T")
 
@@ -309,6 +313,13 @@ class EpisodeWorkflow:
                 cause = _application_cause(err)
                 if cause is None or cause.type != "NodeFull" or self._input.node:
                     raise
+                if workflow.patched(NODE_FULL_WAITS):
+                    # Full now is not full for ever (a one-node fleet would
+                    # exclude its only node): wait, then place again.
+                    self._wait_for(f"{self._s.node} is full: {cause.message}")
+                    self._s.node = ""
+                    await workflow.sleep(PLACE_RETRY_S)
+                    continue
                 self._replace(self._s.node)
 
     def _replace(self, node: str) -> None:
@@ -884,6 +895,14 @@ class EpisodeWorkflow:
             self._node_activity(ToolCallActivities.job_wait, call, timeout_s=timeout_s)
         )
         return state
+
+    @workflow.update(name="job_stdin")
+    async def job_stdin_update(self, request: JobStdinRequest) -> None:
+        """Typed into a job's terminal (`corral episode shell`) or piped to its stdin."""
+        self._check_open()
+        self._touch()
+        call = JobStdinInput(sandbox_id=self._s.sandbox_id, request=request)
+        await _surfaced(self._node_activity(ToolCallActivities.job_stdin, call, timeout_s=60))
 
     @workflow.update(name="job_kill")
     async def job_kill_update(self, request: JobRequest) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from activities.capacity import (
     AdmissionGate,
     NodeBudgetConfig,
+    SandboxCpuMeter,
     cpu_pressure,
     free_slots,
     headroom,
@@ -32,17 +33,29 @@ def test_a_thousand_idle_sandboxes_with_nominal_cores_fit_a_two_core_node() -> N
     assert use.admitting and room_for(CAPACITY, use) is None
 
 
-def test_cpu_pressure_closes_the_gate_only_while_steps_hold_the_cores() -> None:
+def test_cpu_pressure_closes_the_gate_only_while_sandboxes_use_the_cores() -> None:
     gate = AdmissionGate(CAPACITY)
-    busy = {"busy": 2, "busy_cores": 2.0}
-    assert not gate.judge(_use(cpu_pressure=95.0, **busy)).admitting
-    # Still above the low-water mark: stays closed (no flapping at the edge).
-    closed = gate.judge(_use(cpu_pressure=70.0, **busy))
-    assert not closed.admitting and "CPU pressure 70% >= 90%" in closed.closed
-    assert room_for(CAPACITY, closed) == closed.closed
-    assert gate.judge(_use(cpu_pressure=55.0, **busy)).admitting
-    # Pressure from provisioning itself (no step running) never closes it.
-    assert gate.judge(_use(cpu_pressure=100.0, busy=0, busy_cores=0.0)).admitting
+    assert not gate.judge(_use(cpu_pressure=95.0, sandbox_cpu=1.8)).admitting
+    # Still above the low-water mark and the sandboxes still busy: stays closed.
+    closed = gate.judge(_use(cpu_pressure=70.0, sandbox_cpu=1.2))
+    assert not closed.admitting
+    assert "CPU pressure 70% >= 90% while sandboxes use 1.2 of 2 cores" in closed.closed
+    # A provision is never refused for pressure: placement alone steers by it.
+    assert gate.hard_limits() == "" and room_for(CAPACITY, closed, gate.hard_limits()) is None
+    assert gate.judge(_use(cpu_pressure=70.0, sandbox_cpu=0.9)).admitting  # sandboxes eased
+    # Pressure from anything but the sandboxes (provisioning, the control plane)
+    # never closes it.
+    assert gate.judge(_use(cpu_pressure=100.0, sandbox_cpu=0.2)).admitting
+
+
+def test_sandbox_cpu_is_the_rate_of_their_cgroup_cpu_time(tmp_path: Path) -> None:
+    usage = tmp_path / "cpuacct.usage"
+    usage.write_text("1000000000\n")
+    meter = SandboxCpuMeter(usage, min_interval_s=0.0)
+    assert meter.cores() == 0.0  # the first reading only sets the start
+    usage.write_text(str(1_000_000_000 + 10**12) + "\n")  # 1,000 s of CPU since
+    assert meter.cores() > 0
+    assert SandboxCpuMeter(tmp_path / "missing").cores() == 0.0
 
 
 def test_memory_reopens_only_below_its_low_water_mark() -> None:
@@ -57,6 +70,7 @@ def test_low_disk_closes_the_gate_and_says_so() -> None:
     gate = AdmissionGate(CAPACITY)
     use = gate.judge(_use(disk_free_mb=100))
     assert not use.admitting and "disk has 100 MiB free, under the 256 MiB floor" in use.closed
+    assert gate.hard_limits() == use.closed
     assert not gate.judge(_use(disk_free_mb=300)).admitting  # floor + 64 MiB to reopen
     assert gate.judge(_use(disk_free_mb=400)).admitting
 
@@ -64,6 +78,7 @@ def test_low_disk_closes_the_gate_and_says_so() -> None:
 def test_the_sandbox_count_is_a_hard_cap() -> None:
     use = AdmissionGate(CAPACITY).judge(_use(sandboxes=5000))
     assert room_for(CAPACITY, use) == "sandbox budget of 5000 is used up (5000 live)"
+    assert room_for(CAPACITY, _use(), "memory budget of 1000 MiB is used up") is not None
 
 
 def test_free_slots_is_the_least_of_count_memory_and_threads() -> None:
@@ -72,9 +87,9 @@ def test_free_slots_is_the_least_of_count_memory_and_threads() -> None:
     assert free_slots(CAPACITY, _use(admitting=False)) == 0
 
 
-def test_measure_counts_busy_ceilings_and_reads_the_host(tmp_path: Path) -> None:
-    use = measure({"a": 1.0, "b": 0.5, "c": 2.0}, {"b", "c"}, tmp_path)
-    assert (use.sandboxes, use.busy, use.cpu_cores, use.busy_cores) == (3, 2, 3.5, 2.5)
+def test_measure_counts_sandboxes_and_reads_the_host(tmp_path: Path) -> None:
+    use = measure({"a": 1.0, "b": 0.5, "c": 2.0}, {"b", "c"}, tmp_path, sandbox_cpu=0.25)
+    assert (use.sandboxes, use.busy, use.cpu_cores, use.sandbox_cpu) == (3, 2, 3.5, 0.25)
     assert use.memory_mb > 0 and use.pids > 0
     assert use.disk_free_mb is not None and use.disk_free_mb > 0
 

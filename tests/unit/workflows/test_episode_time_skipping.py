@@ -85,11 +85,14 @@ class FakeNode:
     steps: int = 0
     provisioned_on: list[str] = field(default_factory=list)  # task queues
     snapshot_registry: str = ""  # set: snapshots are pushed there (as with registry.default)
+    full_times: int = 0  # provisions answered NodeFull before one succeeds
+    excluded: list[list[str]] = field(default_factory=list)  # each placement's exclude
 
     def activities(self) -> list[object]:
         @activity.defn(name="corral.place")
         async def place(request: PlaceInput) -> Placement:
             self.calls.append("place")
+            self.excluded.append(list(request.exclude))
             node = self.rooms.pop(0) if self.rooms else NODE
             if node:
                 return Placement(node=node)
@@ -104,6 +107,9 @@ class FakeNode:
         @activity.defn(name="corral.provision")
         async def provision(input: ProvisionInput) -> ProvisionResult:
             self.calls.append("provision")
+            if self.full_times:
+                self.full_times -= 1
+                raise ApplicationError("n1 is full", type="NodeFull", non_retryable=True)
             self.provisioned_on.append(activity.info().task_queue)
             return ProvisionResult(
                 sandbox_id=input.sandbox_id, node=NODE, provision_s=0.01, created=True
@@ -401,6 +407,18 @@ async def test_a_waiting_episode_shows_its_place_in_line(
     assert seen[-1][:2] == ("running", 0)  # placed: no longer in any line
     await handle.execute_update(EpisodeWorkflow.finish)
     assert (await handle.result()).outcome == "completed"
+
+
+async def test_a_full_node_is_asked_again_not_excluded(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    node.full_times = 2
+    handle = await _start(env, interactive=True)
+    await _until(lambda: node.calls.count("provision") == 3)
+    await handle.execute_update(EpisodeWorkflow.finish)
+    assert (await handle.result()).outcome == "completed"
+    assert node.calls[:6] == ["place", "provision"] * 3
+    assert node.excluded[:3] == [[], [], []]  # the only node stays in the running
 
 
 async def test_lost_node_fails_a_running_episode_without_teardown(

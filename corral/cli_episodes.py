@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import getpass
+import os
+import shutil
 import statistics
 import sys
+import termios
 import time
+import tty
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +33,7 @@ from corral.cli_common import (
     shell_join,
 )
 from corral.errors import EpisodeError
-from corral.sdk import Corral, parse_spec
+from corral.sdk import Corral, Job, parse_spec
 from observability.extras import require
 from workflows.models import EpisodeResult
 
@@ -166,6 +173,71 @@ async def _exec_followed(
     state = await job.wait()
     sys.stderr.buffer.write(await job.output("stderr"))
     raise SystemExit(state.exit_code if not state.signal else 128 + state.signal)
+
+
+@episode.command("shell")
+@click.argument("episode_id")
+@click.option("--cmd", "command", default="/bin/sh", show_default=True, help="What the PTY runs.")
+@pass_ctx
+@run_async
+async def episode_shell(ctx: Context, episode_id: str, command: str) -> None:
+    """A shell on a pseudo-terminal in a running interactive episode (needs the agent).
+
+    Keys go in by `job_stdin` Updates, output comes back by `job_output` polls:
+    usable, not snappy (each round trip crosses Temporal)."""
+    corral = await Corral.connect(ctx.config)
+    size = shutil.get_terminal_size()
+    job = await corral.episode(episode_id).spawn(command, pty=(size.lines, size.columns))
+    with _raw_terminal(sys.stdin.fileno()):
+        await _shell_session(job)
+    state = await job.wait()
+    raise SystemExit(state.exit_code if not state.signal else 128 + state.signal)
+
+
+@contextlib.contextmanager
+def _raw_terminal(fd: int) -> Iterator[None]:
+    """Keys pass through as typed (Ctrl-C included) while the remote terminal echoes them."""
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def _shell_session(job: Job) -> None:
+    """Output to our stdout until the remote side ends; our stdin to the job meanwhile."""
+    typing = asyncio.create_task(_forward_keys(job, sys.stdin.fileno()))
+    try:
+        async for chunk in job.follow():
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    finally:
+        typing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await typing
+
+
+async def _forward_keys(job: Job, fd: int) -> None:
+    """What is typed, in order; keys typed during a round trip go in the next one."""
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Queue[bytes] = asyncio.Queue()
+    loop.add_reader(fd, lambda: pending.put_nowait(os.read(fd, 4096)))
+    try:
+        while True:
+            data = await pending.get()
+            while not pending.empty():
+                data += pending.get_nowait()
+            if not data:  # our stdin ended (a pipe): nothing more will come
+                loop.remove_reader(fd)
+                return
+            await job.send(data)
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(fd)
 
 
 @episode.command("show")

@@ -52,6 +52,7 @@ from activities.toolcalls import (
     JobOutputResult,
     JobRequest,
     JobState,
+    JobStdinRequest,
     PutFileRequest,
     SpawnRequest,
     ToolExecRequest,
@@ -207,6 +208,12 @@ class Job:
             if not state.running or (deadline is not None and loop.time() >= deadline):
                 return state
 
+    async def send(self, data: bytes | str, *, eof: bool = False) -> None:
+        """Bytes for its stdin: keys typed into its terminal when spawned with ``pty``."""
+        raw = data.encode() if isinstance(data, str) else data
+        request = JobStdinRequest(job=self.id, data_b64=base64.b64encode(raw).decode(), eof=eof)
+        await self.episode._update("job_stdin", request, None)
+
     async def kill(self, signal: int = 9) -> None:
         """Signal the job's whole process tree (SIGKILL by default)."""
         await self.episode._update("job_kill", JobRequest(job=self.id, signal=signal), None)
@@ -275,10 +282,14 @@ class Episode:
         env: dict[str, str] | None = None,
         workdir: str | None = None,
         timeout_s: float | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> Job:
         """Start a background job (needs the exec agent, docs/agent.md): it outlives
-        this call; read its output, wait for it or kill it (its whole tree) later."""
+        this call; read its output, wait for it or kill it (its whole tree) later.
+        With ``pty`` (rows, cols) it runs on a terminal that `Job.send` types into."""
         request = SpawnRequest(cmd=cmd, env=env or {}, workdir=workdir, timeout_s=timeout_s)
+        if pty is not None:
+            request = request.model_copy(update={"pty": True, "rows": pty[0], "cols": pty[1]})
         info: JobInfo = await self._update("spawn", request, JobInfo)
         return Job(self, info.job, info.cmd)
 

@@ -375,12 +375,24 @@ class AgentChannel:
         cwd: str | None = None,
         timeout_s: float | None = None,
         buffer_bytes: int | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> int:
         """Start a background job; returns its id. Its output is kept (the last
-        ``buffer_bytes`` of each stream, default 4 MiB) for ``output``."""
+        ``buffer_bytes`` of each stream, default 4 MiB) for ``output``. With ``pty``
+        (rows, cols) it runs on a pseudo-terminal that ``send_stdin`` types into."""
         meta = _command(cmd) | {"op": "spawn"}
         meta |= _optional(env=env, cwd=cwd, timeout_s=timeout_s, buffer=buffer_bytes)
+        if pty is not None:
+            meta |= {"pty": True, "rows": pty[0], "cols": pty[1]}
         return int((await self.request(meta)).meta["job"])
+
+    async def send_stdin(self, job: int, data: bytes, eof: bool = False) -> None:
+        """Bytes for a job's stdin (its terminal, for a PTY job); the agent sends no reply."""
+        view = memoryview(data)
+        for start in range(0, max(len(data), 1), CHUNK):
+            last = start + CHUNK >= len(data)
+            meta = {"op": "stdin", "job": job, "eof": eof and last}
+            await self._send(job, meta, bytes(view[start : start + CHUNK]))
 
     async def output(
         self, job: int, stream: str = "stdout", offset: int = 0, max_bytes: int = 0

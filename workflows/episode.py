@@ -138,6 +138,8 @@ IDLE_TIMER_REARMED = "idle-timer-rearmed"
 QUARANTINE_AFTER_BODY = "quarantine-after-body"
 # Patch id: an alert that arrives during the teardown still decides the outcome.
 LATE_ALERTS = "late-alerts"
+# Patch id: a node that answers NodeFull is asked again later, not excluded.
+NODE_FULL_WAITS = "node-full-waits"
 
 T = TypeVar("T")
 
@@ -311,6 +313,13 @@ class EpisodeWorkflow:
                 cause = _application_cause(err)
                 if cause is None or cause.type != "NodeFull" or self._input.node:
                     raise
+                if workflow.patched(NODE_FULL_WAITS):
+                    # Full now is not full for ever (a one-node fleet would
+                    # exclude its only node): wait, then place again.
+                    self._wait_for(f"{self._s.node} is full: {cause.message}")
+                    self._s.node = ""
+                    await workflow.sleep(PLACE_RETRY_S)
+                    continue
                 self._replace(self._s.node)
 
     def _replace(self, node: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["MissingExtra", "require"]
+__all__ = ["MissingExtra", "require", "require_at_start"]
 
 
 class MissingExtra(ImportError):
@@ -28,3 +28,12 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
             f"{feature} needs {module.split('.')[0]}, which is not installed: "
             f"pip install 'corral[{extra}]'"
         ) from err
+
+
+def require_at_start(module: str, extra: str, feature: str) -> None:
+    """For a process's entry point: without `module`, exit now with one line, before
+    the process starts serving (and not with a traceback at its first record)."""
+    try:
+        require(module, extra, feature)
+    except MissingExtra as err:
+        raise SystemExit(f"error: {err}") from None

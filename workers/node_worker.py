@@ -29,6 +29,7 @@ from activities.pool import WarmPool
 from activities.sensorwatch import SensorWatch
 from activities.snapshots import SnapshotActivities
 from activities.toolcalls import ToolCallActivities
+from observability.extras import require_at_start
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
@@ -143,6 +144,7 @@ async def reap_leftovers(node_activities: NodeActivities) -> None:
 
 
 def main() -> None:
+    require_at_start("polars", "export", "the node worker (Parquet records)")
     parser = argparse.ArgumentParser(description="Corral node worker")
     parser.add_argument("--node", required=True)
     args = parser.parse_args()

@@ -13,6 +13,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.placement import FleetActivities
+from observability.extras import require_at_start
 from observability.metrics import setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
@@ -63,6 +64,7 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
 
 
 def main() -> None:
+    require_at_start("polars", "export", "the workflow worker (Parquet records)")
     config = load_config()
     stop = asyncio.Event()
 

@@ -109,3 +109,13 @@ main()
     assert lines == [
         "Error: corral report needs polars, which is not installed: pip install 'corral[report]'"
     ]
+
+
+def test_a_worker_without_the_export_extra_exits_in_one_line() -> None:
+    for module in ("workers.node_worker", "workers.workflow_worker"):
+        done = _run_without_extras(f"from {module} import main\nmain()\n")
+        assert done.returncode == 1, (module, done.stderr[-3000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, (module, done.stderr[-3000:])
+        assert "Parquet records) needs polars" in lines[0]
+        assert lines[0].endswith("pip install 'corral[export]'")

@@ -6,7 +6,7 @@ import click
 from pydantic import ValidationError
 from rich.table import Table
 
-from corral.cli import Context, console, emit_json, fail, out, pass_ctx, run_async
+from corral.cli_common import Context, console, emit_json, fail, out, pass_ctx, run_async
 
 # What `--json` must always carry (the contract); the report has more.
 JSON_KEYS = (

@@ -42,6 +42,7 @@ from pydantic import BaseModel
 from corral.bench import _percentile, _ratio
 from corral.bench_peers import CpuMeter, _busy_cpu_s
 from corral.sdk import Corral, Episode
+from sandbox.agent import agent_binary
 from sandbox.client import Containerd
 from sandbox.models import SandboxSpec
 from sandbox.oci_archive import build_busybox_image, build_busybox_rootfs
@@ -185,6 +186,8 @@ async def _history_length(corral: Corral, episode: Episode) -> int:
 async def _sandbox_side(config: StackConfig, plan: Plan, agent: bool) -> StepSide:
     name = "sandbox layer, exec agent" if agent else "sandbox layer, runc exec"
     side = StepSide(name=name, path="sandbox/ straight at containerd, no Temporal")
+    if agent and not agent_binary().is_file():
+        return _skipped(side, f"no exec agent at {agent_binary()} (scripts/setup.sh builds it)")
     async with _sandboxes(config, plan.sandboxes, agent=agent) as boxes:
 
         async def call(index: int) -> str:

@@ -1,0 +1,20 @@
+"""The frameworks are optional: a missing one is one line naming its extra."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from corral.errors import CorralError
+
+
+class MissingFramework(CorralError, ImportError):
+    """The adapter's framework is not installed."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import `module`, or fail with the `pip install` line that brings it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        raise MissingFramework(f"{module} is not installed: pip install 'corral[{extra}]'") from err

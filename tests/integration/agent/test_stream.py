@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -94,3 +96,10 @@ async def test_sdk_stream(corral: Corral, stack_config: StackConfig) -> None:
         async with asyncio.timeout(BOUND_S):
             while (await episode.exec("pgrep -x sleep")).exit_code == 0:
                 await asyncio.sleep(0.2)
+        # The CLI: stdout as it comes, then stderr, and the command's status.
+        script = "echo one; echo two; echo oops >&2; exit 4"
+        argv = [sys.executable, "-m", "corral", "episode", "exec", "--follow", episode.id]
+        done = await asyncio.to_thread(
+            subprocess.run, [*argv, "sh", "-c", script], capture_output=True, timeout=BOUND_S
+        )
+    assert (done.returncode, done.stdout, done.stderr) == (4, b"one\ntwo\n", b"oops\n")

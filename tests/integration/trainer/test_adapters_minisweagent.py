@@ -12,9 +12,9 @@ from minisweagent import package_dir
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.models.test_models import DeterministicModel, make_output
 
+from corral import Corral
 from corral.adapters._sync import SyncCorral
 from corral.adapters.minisweagent import CorralEnvironment
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,9 @@ def _play(client: SyncCorral, commands: list[str]) -> Played:
         env.cleanup()
 
 
-async def test_scripted_rollouts_run_in_episodes_and_score(stack_config: StackConfig) -> None:
+async def test_scripted_rollouts_run_in_episodes_and_score(corral: Corral) -> None:
+    stack_config = corral.config  # the running test stack's
+
     def rollouts() -> list[Played]:
         client = SyncCorral(stack_config)
         try:

@@ -47,9 +47,10 @@ from corral.sdk import Corral
 from corral.sim_node import SimNode, SimStats, Timings
 from sandbox.errors import CorralError
 from workers.config import StackConfig, load_config
+from workers.node_directory import NodeDirectory
 from workers.stack import Stack
 from workers.temporal import connect
-from workflows.nodes import REGISTRY_SHARDS, list_nodes, registry_handle
+from workflows.nodes import REGISTRY_SHARDS, registry_handle
 
 DEFAULT_PORT_BASE = 24233
 JOIN_TIMEOUT_S = 120.0
@@ -57,6 +58,7 @@ PARTITION_S = 40.0  # longer than the registry's lost verdict (20 s + one 5 s ch
 SLOW_FACTOR = 10.0
 OUTCOME_TRIES = 5
 NODES_PER_CONNECTION = 100
+JOIN_WAVE = 50  # nodes started a second
 BASELINE_S = 10.0  # the joined fleet with no episode: what heartbeats alone cost
 
 
@@ -182,8 +184,12 @@ async def _run_with_stack(
         # Real nodes each have their own connection; a thousand long polls on one
         # HTTP/2 connection would queue every other call behind them.
         client = await connect(config, runtime=runtime)
-        for node in nodes[first : first + NODES_PER_CONNECTION]:
-            node.start(client)
+        for wave in range(first, min(first + NODES_PER_CONNECTION, len(nodes)), JOIN_WAVE):
+            for node in nodes[wave : wave + JOIN_WAVE]:
+                node.start(client)
+            # A fleet joins over time; a thousand signal-with-starts in one
+            # second would be a drill of its own.
+            await asyncio.sleep(1.0)
     try:
         await _wait_joined(corral.client, len(nodes))
         run = _Run(options, corral, nodes, stats, stack)
@@ -203,11 +209,13 @@ def _quiet_runtime() -> Runtime:
 
 
 async def _wait_joined(client: Client, count: int) -> None:
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    deadline = time.monotonic() + JOIN_TIMEOUT_S + count / JOIN_WAVE
+    directory = NodeDirectory(client)  # a busy shard keeps its last answer
     while time.monotonic() < deadline:
-        with contextlib.suppress(RPCError):  # a busy server answers late: ask again
-            if sum(1 for n in await list_nodes(client) if n.state == "ready") >= count:
-                return
+        with contextlib.suppress(RPCError):
+            await directory.refresh()
+        if sum(1 for n in directory.nodes() if n.state == "ready") >= count:
+            return
         await asyncio.sleep(1.0)
     raise SimError(f"only some of the {count} simulated nodes joined in {JOIN_TIMEOUT_S:.0f} s")
 

@@ -1,7 +1,9 @@
 """The workflow worker's copy of the node registry, refreshed in the background.
 
 Placement (`activities/placement.py`) reads it for every episode; one query
-a second to the registry workflow keeps it fresh, whatever the episode rate.
+a second to each registry shard keeps it fresh, whatever the episode rate. A
+shard that does not answer (busy: its query buffer is full) keeps its last
+view; the others are still refreshed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 from temporalio.client import Client
 
 from activities.models import NodeInfo
-from workflows.nodes import list_nodes
+from workflows.nodes import REGISTRY_SHARDS, merge_shards, shard_nodes
 
 REFRESH_EVERY_S = 1.0
 log = logging.getLogger(__name__)
@@ -23,12 +25,23 @@ class NodeDirectory:
     def __init__(self, client: Client) -> None:
         self._client = client
         self._nodes: list[NodeInfo] = []
+        self._shards: list[list[NodeInfo]] = [[] for _ in range(REGISTRY_SHARDS)]
 
     def nodes(self) -> list[NodeInfo]:
         return self._nodes
 
     async def refresh(self) -> None:
-        self._nodes = await list_nodes(self._client)
+        answers = await asyncio.gather(
+            *(shard_nodes(self._client, k) for k in range(REGISTRY_SHARDS)),
+            return_exceptions=True,
+        )
+        failed = [err for err in answers if isinstance(err, BaseException)]
+        for shard, answer in enumerate(answers):
+            if not isinstance(answer, BaseException):
+                self._shards[shard] = answer
+        self._nodes = merge_shards(self._shards)
+        if failed:
+            raise failed[0]  # said once per refresh by refresh_forever
 
     async def refresh_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

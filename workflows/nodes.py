@@ -237,7 +237,11 @@ async def send_heartbeat(client: Client, task_queue: str, beat: NodeHeartbeat) -
 
 async def list_nodes(client: Client) -> list[NodeInfo]:
     """Every shard's view, merged and sorted; empty when no node has ever joined."""
-    shards = await asyncio.gather(*(_shard_nodes(client, k) for k in range(REGISTRY_SHARDS)))
+    shards = await asyncio.gather(*(shard_nodes(client, k) for k in range(REGISTRY_SHARDS)))
+    return merge_shards(shards)
+
+
+def merge_shards(shards: list[list[NodeInfo]]) -> list[NodeInfo]:
     newest: dict[str, NodeInfo] = {}
     for info in (info for shard in shards for info in shard):
         # A node seen by two shards (the single registry of before, kept as
@@ -247,7 +251,8 @@ async def list_nodes(client: Client) -> list[NodeInfo]:
     return sorted(newest.values(), key=lambda info: info.name)
 
 
-async def _shard_nodes(client: Client, shard: int) -> list[NodeInfo]:
+async def shard_nodes(client: Client, shard: int) -> list[NodeInfo]:
+    """One shard's nodes; empty when no node hashed to it has joined."""
     from temporalio.service import RPCStatusCode
 
     try:

@@ -78,7 +78,8 @@ async def docker_engine(state_dir: Path) -> Engine:
         await _ensure_busybox(engine)
     except RuntimeError as err:
         await engine.close()
-        raise EngineUnavailable(f"docker has no busybox image and cannot import one: {err}")
+        why = f"docker has no busybox image and cannot import one: {err}"
+        raise EngineUnavailable(why) from err
     return engine
 
 

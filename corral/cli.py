@@ -14,10 +14,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-# `fail` is re-exported for cli_nodes, which still imports the helpers from
-# here; sub-command modules import corral.cli_common.
+# Sub-command modules import their shared helpers from corral.cli_common.
 from corral.cli_common import Context, console, emit_json, out, pass_ctx, run_async
-from corral.cli_common import fail as fail
 from observability.extras import MissingExtra
 
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import click
 from rich.table import Table
 
-from corral.cli import Context, console, emit_json, fail, out, pass_ctx, run_async
+from corral.cli_common import Context, console, emit_json, fail, out, pass_ctx, run_async
 
 
 @click.group()

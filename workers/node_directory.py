@@ -18,6 +18,10 @@ from activities.models import NodeInfo
 from workflows.nodes import REGISTRY_SHARDS, merge_shards, shard_nodes
 
 REFRESH_EVERY_S = 1.0
+# Shards no node has joined are asked only this often: a query costs the
+# server and the workflow worker a few ms each, and small fleets leave most
+# of the 32 shards empty.
+EMPTY_SHARDS_EVERY = 3
 log = logging.getLogger(__name__)
 
 
@@ -26,17 +30,20 @@ class NodeDirectory:
         self._client = client
         self._nodes: list[NodeInfo] = []
         self._shards: list[list[NodeInfo]] = [[] for _ in range(REGISTRY_SHARDS)]
+        self._refreshes = 0
 
     def nodes(self) -> list[NodeInfo]:
         return self._nodes
 
     async def refresh(self) -> None:
+        everything = self._refreshes % EMPTY_SHARDS_EVERY == 0
+        self._refreshes += 1
+        asked = [k for k in range(REGISTRY_SHARDS) if everything or self._shards[k]]
         answers = await asyncio.gather(
-            *(shard_nodes(self._client, k) for k in range(REGISTRY_SHARDS)),
-            return_exceptions=True,
+            *(shard_nodes(self._client, k) for k in asked), return_exceptions=True
         )
         failed = [err for err in answers if isinstance(err, BaseException)]
-        for shard, answer in enumerate(answers):
+        for shard, answer in zip(asked, answers, strict=True):
             if not isinstance(answer, BaseException):
                 self._shards[shard] = answer
         self._nodes = merge_shards(self._shards)

@@ -13,6 +13,7 @@ or kills, except ``spawn``, which is journaled the same way.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,13 +27,14 @@ from activities.models import ExecStepInput, Step, StepResult
 from activities.node import _heartbeating, _mapped, interrupted_step
 from activities.sensorwatch import SensorWatch
 from sandbox import Containerd
-from sandbox.agent import AgentChannel
+from sandbox.agent import AgentChannel, JobOutput
 from sandbox.blobs import FileBlob, pull_bytes, push_bytes
 from sandbox.registry import RegistryOptions
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
 MAX_JOB_READ = 1_048_576
+OUTPUT_POLL_S = 0.02  # a long-polled job_output asks the agent this often
 
 
 # -- requests (the SDK's) and activity inputs ----------------------------------
@@ -79,6 +81,9 @@ class JobRequest(BaseModel):
     max_bytes: int = Field(default=MAX_JOB_READ, ge=1, le=MAX_JOB_READ)
     timeout_s: float | None = Field(default=None, gt=0, le=300)
     signal: int = Field(default=9, ge=1, le=64)
+    # job_output: wait up to this long on the node for output past `offset` (or the
+    # job's end), so that a follower neither spins through Updates nor sleeps on news.
+    wait_s: float = Field(default=0.0, ge=0, le=10)
 
 
 class PutFileRequest(BaseModel):
@@ -272,7 +277,7 @@ class ToolCallActivities:
     async def job_output(self, input: JobInput) -> JobOutputResult:
         req = input.request
         channel = await self._channel(input.sandbox_id)
-        out = await _mapped(channel.output(req.job, req.stream, req.offset, req.max_bytes))
+        out = await _heartbeating(_mapped(_output_when_any(channel, req)))
         return JobOutputResult(
             data_b64=base64.b64encode(out.data).decode(),
             offset=out.offset,
@@ -340,3 +345,14 @@ class ToolCallActivities:
 
     def _journal(self, sandbox_id: str) -> Path:
         return self._state_dir / "toolcalls" / sandbox_id
+
+
+async def _output_when_any(channel: AgentChannel, req: JobRequest) -> JobOutput:
+    """The job's output past ``req.offset``, waiting up to ``req.wait_s`` for some (the
+    agent's `output` does not block: asked again every OUTPUT_POLL_S, on the node)."""
+    deadline = asyncio.get_running_loop().time() + req.wait_s
+    while True:
+        out = await channel.output(req.job, req.stream, req.offset, req.max_bytes)
+        if out.data or not out.running or asyncio.get_running_loop().time() >= deadline:
+            return out
+        await asyncio.sleep(OUTPUT_POLL_S)

@@ -149,8 +149,7 @@ class Job:
     """A background job in an episode's sandbox (``Episode.spawn``)."""
 
     WAIT_SLICE_S = 300.0  # one Update waits at most this long
-    FOLLOW_POLL_MIN_S = 0.05  # `follow`'s pause after a quiet poll, doubled up to the max
-    FOLLOW_POLL_MAX_S = 0.4
+    FOLLOW_WAIT_S = 5.0  # how long one `follow` read waits on the node for new output
 
     def __init__(self, episode: Episode, job_id: int, cmd: str) -> None:
         self.episode = episode
@@ -177,11 +176,17 @@ class Job:
     async def follow(self, stream: str = "stdout") -> AsyncGenerator[bytes, None]:
         """Its output as it comes, chunk by chunk, until it ends and all is read.
 
-        Polls with one `job_output` Update per round: at once while output flows,
-        backing off to `FOLLOW_POLL_MAX_S` while it is quiet."""
-        offset, pause = 0, self.FOLLOW_POLL_MIN_S
+        One `job_output` Update per read; each waits on the node (up to
+        `FOLLOW_WAIT_S`) until there is output past what was read, or the job ended:
+        output arrives as soon as it is there, and a quiet job costs few Updates."""
+        offset = 0
         while True:
-            request = JobRequest(job=self.id, stream=stream, offset=offset)  # type: ignore[arg-type]
+            request = JobRequest(
+                job=self.id,
+                stream=stream,  # type: ignore[arg-type]
+                offset=offset,
+                wait_s=self.FOLLOW_WAIT_S,
+            )
             out: JobOutputResult = await self.episode._update(
                 "job_output", request, JobOutputResult
             )
@@ -189,12 +194,8 @@ class Job:
             offset = out.offset + len(data)
             if data:
                 yield data
-                pause = self.FOLLOW_POLL_MIN_S
             if not out.running and offset >= out.total:
                 return
-            if not data:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.FOLLOW_POLL_MAX_S)
 
     async def wait(self, timeout_s: float | None = None) -> JobState:
         """Until it ends (or ``timeout_s`` passes: then ``running`` is True)."""

@@ -4,6 +4,8 @@ DeterministicModel, runs its actions in real episodes."""
 from __future__ import annotations
 
 import asyncio
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,8 @@ from corral.adapters._sync import SyncCorral
 from corral.adapters.minisweagent import CorralEnvironment
 
 pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 TASK = {
     "image": "busybox",
@@ -68,3 +72,13 @@ async def test_scripted_rollouts_run_in_episodes_and_score(corral: Corral) -> No
     assert "<returncode>0</returncode>" in right_seen and "32" in right_seen
     wrong_seen = "\n".join(str(m.get("content")) for m in wrong_messages)
     assert "<returncode>1</returncode>" in wrong_seen and "/nonexistent" in wrong_seen
+
+
+async def test_the_example_submits_the_sum(corral: Corral) -> None:
+    solve = runpy.run_path(str(EXAMPLES / "adapter_minisweagent.py"))["solve"]
+    exit_info, reward = await asyncio.to_thread(solve)  # the stack's config, from the env
+    assert (exit_info["exit_status"], exit_info["submission"], reward) == (
+        "Submitted",
+        "124\n",
+        1.0,
+    )

@@ -4,6 +4,8 @@ text-in, text-out loop (init, then step until done) by a scripted "model"."""
 from __future__ import annotations
 
 import asyncio
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,8 @@ from corral.errors import InvalidEpisodeSpec
 from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 ROW = {
     "name": "sum",
@@ -76,3 +80,9 @@ def test_actions_parse_and_a_row_without_a_spec_is_refused() -> None:
     assert parse_text_action("nothing") is None
     with pytest.raises(InvalidEpisodeSpec, match="extras\\['spec'\\]"):
         CorralTextEnv({}, {"name": "x"})
+
+
+async def test_the_example_counts_the_lines(corral: Corral) -> None:
+    play = runpy.run_path(str(EXAMPLES / "adapter_skyrl.py"))["play"]
+    chat, reward = await asyncio.to_thread(play)  # the stack's config, from the env
+    assert (chat[2]["content"].strip(), reward) == ("3", 1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from corral import Corral
 from corral.adapters.swerex import CorralDeployment
 
 pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 FIXED = {
     "image": "busybox",
@@ -89,3 +92,8 @@ async def test_execute_checks_and_sessions_report_errors(corral: Corral, tmp_pat
     finally:
         await deployment.stop()
     assert deployment.result is not None and deployment.result.outcome == "completed"
+
+
+async def test_the_example_fixes_its_script(corral: Corral) -> None:
+    solve = runpy.run_path(str(EXAMPLES / "adapter_swerex.py"))["solve"]
+    assert await solve(corral) == 1.0

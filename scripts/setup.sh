@@ -58,6 +58,19 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   touch "$stamp"
 fi
 
+# The framework adapters' extras (corral/adapters/; their tests are in tests/integration/trainer).
+# mini-swe-agent comes without its own dependencies: its agent loop, environment protocol
+# and test models need only the few named here, while the rest (litellm with boto3, about
+# 250 MB) serve its hosted-model clients. `pip install 'corral[minisweagent]'` brings it all.
+adapters_stamp=.venv/.corral-adapters-installed
+if [[ ! -f $adapters_stamp || pyproject.toml -nt $adapters_stamp ]]; then
+  echo "setup: installing the framework adapters' extras (swerex, skyrl, verifiers, minisweagent)"
+  .venv/bin/pip install -q -e '.[swerex,skyrl,verifiers]'
+  .venv/bin/pip install -q --no-deps 'mini-swe-agent>=2.4.6,<2.5'
+  .venv/bin/pip install -q jinja2 pydantic python-dotenv platformdirs rich tenacity pyyaml
+  touch "$adapters_stamp"
+fi
+
 # containerd's gRPC stubs: generated from Debian's .proto files, never committed.
 .venv/bin/python scripts/gen_stubs.py
 

@@ -10,3 +10,7 @@ One module per framework, each an optional extra that `import corral` never need
 
 docs/trainers.md shows each.
 """
+
+from corral.adapters._sync import SyncCorral
+
+__all__ = ["SyncCorral"]

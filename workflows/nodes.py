@@ -203,7 +203,11 @@ class BeatGate:
     _sent_at: float = -KEEPALIVE_EVERY_S
 
     def due(self, beat: NodeHeartbeat, now: float) -> bool:
-        return _news(beat) != self._sent or now - self._sent_at >= KEEPALIVE_EVERY_S
+        # Beats are looked at every HEARTBEAT_EVERY_S: the keep-alive is due on
+        # the tick that lands about KEEPALIVE_EVERY_S after the last send, not
+        # one tick later (which would leave placement's 15 s silence too close).
+        keepalive = KEEPALIVE_EVERY_S - HEARTBEAT_EVERY_S / 2
+        return _news(beat) != self._sent or now - self._sent_at >= keepalive
 
     def sent(self, beat: NodeHeartbeat, now: float) -> None:
         self._sent, self._sent_at = _news(beat), now

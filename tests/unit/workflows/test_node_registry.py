@@ -22,6 +22,7 @@ from activities.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUs
 from workers.workflow_worker import workflow_runner
 from workflows.nodes import (
     FORGET_LOST_AFTER_S,
+    HEARTBEAT_EVERY_S,
     KEEPALIVE_EVERY_S,
     LOST_AFTER_S,
     REGISTRY_SHARDS,
@@ -145,3 +146,6 @@ def test_a_beat_is_sent_on_news_or_as_the_keep_alive() -> None:
     busier = beat.model_copy(update={"use": NodeUsage(sandboxes=1)})
     assert gate.due(busier, 1.0)
     assert gate.due(beat, KEEPALIVE_EVERY_S)  # nothing new, but it must say it is alive
+    # Sent a little after one tick, the keep-alive still goes two ticks later.
+    gate.sent(beat, 0.3)
+    assert gate.due(beat, 2 * HEARTBEAT_EVERY_S)

@@ -9,7 +9,7 @@ from corral.errors import CorralError
 
 
 class MissingFramework(CorralError, ImportError):
-    """The adapter's framework is not installed."""
+    """The adapter's framework (or one of its own dependencies) is not installed."""
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -17,4 +17,10 @@ def require(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
-        raise MissingFramework(f"{module} is not installed: pip install 'corral[{extra}]'") from err
+        missing = err.name or module
+        what = (
+            f"{module} is not installed"
+            if missing.split(".")[0] == module
+            else (f"{module} needs {missing}, which is not installed")
+        )
+        raise MissingFramework(f"{what}: pip install 'corral[{extra}]'") from err

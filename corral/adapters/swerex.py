@@ -69,6 +69,9 @@ from workflows.models import EpisodeResult, EpisodeSpec, StepResult  # noqa: E40
 __all__ = ["CorralDeployment", "CorralRuntime"]
 
 SESSION_DIR = "/tmp/.corral-swerex"
+# SWE-ReX's default startup timeout (1 s) is for a local shell; an exec into a
+# sandbox on a busy node can take longer than that before the shell even starts.
+STARTUP_TIMEOUT_FLOOR_S = 30.0
 # Episode states in which it runs commands (or will, once placed or woken).
 _TAKES_REQUESTS = frozenset({"provisioning", "waiting", "running", "hibernated"})
 _SESSION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -107,8 +110,10 @@ class CorralRuntime(AbstractRuntime):
         name = _session_name(request.session)
         if name in self.sessions:
             raise SessionExistsError(f"session {name!r} already exists")
-        sources = "\n".join(f". {shlex.quote(path)}" for path in request.startup_source)
-        step = await self._in_session(name, sources or ":", timeout=request.startup_timeout)
+        sources = [f". {shlex.quote(path)}" for path in request.startup_source]
+        startup = "\n".join([f"mkdir -p {SESSION_DIR}", *sources])
+        timeout = max(request.startup_timeout, STARTUP_TIMEOUT_FLOOR_S)
+        step = await self._in_session(name, startup, timeout=timeout)
         self.sessions.add(name)
         return CreateBashSessionResponse(output=step.stdout)
 
@@ -125,7 +130,6 @@ class CorralRuntime(AbstractRuntime):
 
     async def _in_session(self, name: str, command: str, *, timeout: float | None) -> StepResult:
         state = shlex.quote(f"{SESSION_DIR}/{name}.sh")
-        await self.episode.exec(f"mkdir -p {SESSION_DIR}")
         script = _SESSION_SCRIPT.format(state=state, command=command)
         step = await self.episode.exec(script, timeout_s=timeout)
         if step.timed_out:

@@ -25,7 +25,12 @@ import verifiers as vf  # noqa: E402
 
 from corral.adapters._episodes import end_episode, interactive_spec, reward_of  # noqa: E402
 from corral.env import observe  # noqa: E402
-from corral.errors import CorralError, EpisodeRequestFailed, InvalidEpisodeSpec  # noqa: E402
+from corral.errors import (  # noqa: E402
+    CorralError,
+    EpisodeRejected,
+    EpisodeRequestFailed,
+    InvalidEpisodeSpec,
+)
 from corral.sdk import Corral, Episode  # noqa: E402
 from workers.config import StackConfig  # noqa: E402
 from workflows.models import EpisodeSpec  # noqa: E402
@@ -54,6 +59,9 @@ class CorralSandboxEnv(vf.StatefulToolEnv):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("rubric", vf.Rubric(funcs=[corral_reward]))
+        # An episode that stopped taking requests (a rule killed it, it timed out or
+        # is quarantined) ends the rollout; other tool errors go back to the model.
+        kwargs.setdefault("stop_errors", [EpisodeRejected])
         super().__init__(max_turns=max_turns, **kwargs)
         self.spec = interactive_spec(spec) if spec is not None else None
         self.command_timeout_s = command_timeout_s
@@ -65,7 +73,10 @@ class CorralSandboxEnv(vf.StatefulToolEnv):
     async def setup_state(self, state: vf.State, **kwargs: Any) -> vf.State:
         """Start this rollout's episode."""
         corral = await self._connected()
-        episode = await corral.start_episode(self._spec_for(state))
+        try:
+            episode = await corral.start_episode(self._spec_for(state))
+        except CorralError as err:  # verifiers records it as the rollout's error
+            raise vf.SandboxError(f"corral episode not started: {err}") from err
         state["corral_episode_id"] = episode.id
         return await super().setup_state(state, **kwargs) or state
 

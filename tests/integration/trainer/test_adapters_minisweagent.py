@@ -40,7 +40,7 @@ def _play(client: SyncCorral, commands: list[str]) -> Played:
     script = [*commands, submit]
     outputs = [make_output(f"step {i}", [{"command": c}]) for i, c in enumerate(script)]
     agent_config = yaml.safe_load((package_dir / "config" / "default.yaml").read_text())["agent"]
-    env = CorralEnvironment(TASK, client=client, timeout=20)
+    env = CorralEnvironment(TASK, client=client, timeout=120)
     try:
         agent = DefaultAgent(
             DeterministicModel(outputs=outputs), env, **{**agent_config, "cost_limit": 0}

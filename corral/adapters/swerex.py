@@ -110,7 +110,10 @@ class CorralRuntime(AbstractRuntime):
         name = _session_name(request.session)
         if name in self.sessions:
             raise SessionExistsError(f"session {name!r} already exists")
-        sources = [f". {shlex.quote(path)}" for path in request.startup_source]
+        # A missing file is skipped, as bash's `source` would only complain: POSIX sh
+        # would exit on it.
+        quoted = map(shlex.quote, request.startup_source)
+        sources = [f"if [ -r {path} ]; then . {path}; fi" for path in quoted]
         startup = "\n".join([f"mkdir -p {SESSION_DIR}", *sources])
         timeout = max(request.startup_timeout, STARTUP_TIMEOUT_FLOOR_S)
         step = await self._in_session(name, startup, timeout=timeout)

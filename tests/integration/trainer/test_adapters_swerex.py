@@ -26,7 +26,10 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 FIXED = {
     "image": "busybox",
-    "files": [{"path": "/workspace/calc.sh", "content": "echo $((2 + 2 + 1))\n"}],
+    "files": [
+        {"path": "/workspace/calc.sh", "content": "echo $((2 + 2 + 1))\n"},
+        {"path": "/workspace/.env.sh", "content": "export GREETING=hi\n"},
+    ],
     "reward": 'test "$(sh /workspace/calc.sh)" = 4 && echo 1 || echo 0',
 }
 
@@ -36,9 +39,11 @@ async def _agent_fixes_the_bug(deployment: CorralDeployment) -> list[str]:
     await deployment.start()
     runtime = deployment.runtime
     assert await deployment.is_alive()
-    await runtime.create_session(CreateBashSessionRequest(session="main"))
+    # A startup file that is missing is skipped, as bash would.
+    startup = ["/workspace/.env.sh", "/root/.missing-bashrc"]
+    await runtime.create_session(CreateBashSessionRequest(session="main", startup_source=startup))
     outputs = []
-    for command in ["cd /workspace && export N=2", "pwd; echo $N", "sh calc.sh"]:
+    for command in ["cd /workspace && export N=2", "pwd; echo $N $GREETING", "sh calc.sh"]:
         observation = await runtime.run_in_session(BashAction(command=command, session="main"))
         outputs.append(observation.output)
     source = await runtime.read_file(ReadFileRequest(path="/workspace/calc.sh"))
@@ -53,7 +58,7 @@ async def test_a_session_keeps_its_directory_and_exports_and_the_reward_scores(
 ) -> None:
     deployment = CorralDeployment(FIXED, corral=corral)
     outputs = await _agent_fixes_the_bug(deployment)
-    assert outputs == ["", "/workspace\n2\n", "5\n"]
+    assert outputs == ["", "/workspace\n2 hi\n", "5\n"]
     assert deployment.result is not None and deployment.result.outcome == "completed"
     assert deployment.result.reward is not None
     assert deployment.result.reward.stdout.strip() == "1"

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.runtime import (
     LogForwardingConfig,
@@ -59,6 +60,7 @@ SLOW_FACTOR = 10.0
 OUTCOME_TRIES = 5
 NODES_PER_CONNECTION = 100
 JOIN_WAVE = 50  # nodes started a second
+EVENT_ACTIVITY_STARTED = EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
 BASELINE_S = 10.0  # the joined fleet with no episode: what heartbeats alone cost
 
 
@@ -106,6 +108,10 @@ class SimReport(BaseModel):
     hottest_history_events: int
     hottest_history_bytes: int
     episode_history_events: int  # median over a few completed episodes
+    # From the histories of a sample of episodes: workflow started to the first
+    # activity started on the node, the server's clock (no client-side lag).
+    server_placement_p50_ms: float
+    server_placement_p99_ms: float
     killed_nodes: int
     heartbeat_errors: int
     run_s: float
@@ -312,6 +318,7 @@ class _Run:
         outcome = await self._outcomes()
         hottest, events, size = await self._hottest()
         episode_events = await self._episode_events()
+        server_latencies = await self._server_latencies()
         started = len(self.submitted)
         latencies = [
             (self.stats.first_activity[ep] - at) * 1000.0
@@ -346,6 +353,8 @@ class _Run:
             hottest_history_events=events,
             hottest_history_bytes=size,
             episode_history_events=episode_events,
+            server_placement_p50_ms=round(percentile(server_latencies, 0.50), 1),
+            server_placement_p99_ms=round(percentile(server_latencies, 0.99), 1),
             killed_nodes=self.killed,
             heartbeat_errors=self.stats.heartbeat_errors,
             run_s=round(run_s, 1),
@@ -384,6 +393,21 @@ class _Run:
             cause = str(err.cause) if err.cause is not None else str(err)
             return "node_lost" if "node lost" in cause else "failed"
         return "failed"
+
+    async def _server_latencies(self, sample: int = 100) -> list[float]:
+        """Started -> first ActivityTaskStarted, in ms, for up to `sample` episodes."""
+        latencies: list[float] = []
+        for episode_id in list(self.submitted)[:: max(1, len(self.submitted) // sample)]:
+            with contextlib.suppress(RPCError):
+                history = await self.corral.client.get_workflow_handle(episode_id).fetch_history()
+                started = history.events[0].event_time.ToDatetime()
+                first = next(
+                    (e for e in history.events if e.event_type == EVENT_ACTIVITY_STARTED), None
+                )
+                if first is not None:
+                    gap = first.event_time.ToDatetime() - started
+                    latencies.append(gap.total_seconds() * 1000.0)
+        return latencies
 
     async def _episode_events(self, sample: int = 5) -> int:
         """History length of completed episodes (the median of a few)."""

@@ -9,8 +9,10 @@
 It follows mini-swe-agent's `Environment` protocol (`execute(action, cwd)`,
 `get_template_vars`, `serialize`) and its submission convention: a command
 whose output starts with `COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` ends the run
-(`Submitted`). mini-swe-agent is synchronous; the episode's calls go through a
-`SyncCorral` (one event loop thread and connection per process, shared).
+(`Submitted`); so does an episode that ended under the agent (killed by a rule,
+timed out: exit status `EpisodeEnded`). mini-swe-agent is synchronous; the
+episode's calls go through a `SyncCorral` (one event loop thread and connection
+per process, shared).
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from corral.adapters._frameworks import require
 
 require("minisweagent", "minisweagent")
 
-from minisweagent.exceptions import Submitted  # noqa: E402
+from minisweagent.exceptions import InterruptAgentFlow, Submitted  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from corral.adapters._episodes import end_episode, interactive_spec, reward_of  # noqa: E402
 from corral.adapters._sync import SyncCorral, shared  # noqa: E402
-from corral.errors import CorralError  # noqa: E402
+from corral.errors import CorralError, EpisodeRejected  # noqa: E402
 from workers.config import StackConfig  # noqa: E402
 from workflows.models import EpisodeResult, EpisodeSpec, StepResult  # noqa: E402
 
@@ -70,7 +72,9 @@ class CorralEnvironment:
         command = action.get("command", "")
         try:
             output = _output(self._exec(command, cwd, timeout or self.config.timeout))
-        except CorralError as err:  # the episode ended under the agent, a request failed
+        except EpisodeRejected as err:  # ended under the agent (a rule, a timeout): stop the run
+            raise InterruptAgentFlow(_exit_message("EpisodeEnded", str(err))) from err
+        except CorralError as err:  # the request failed; the agent may try again
             output = {
                 "output": "",
                 "returncode": -1,
@@ -115,8 +119,11 @@ class CorralEnvironment:
 
     def _uname(self) -> dict[str, str]:
         if self._platform is None:
-            step = self.client.run(self.episode.exec("uname -s; uname -r; uname -v; uname -m"))
-            lines = step.stdout.splitlines() + [""] * 4
+            try:
+                step = self.client.run(self.episode.exec("uname -s; uname -r; uname -v; uname -m"))
+                lines = step.stdout.splitlines() + [""] * 4
+            except CorralError:  # the episode ended: the prompts still render, blank
+                lines = [""] * 4
             names = ("system", "release", "version", "machine")
             self._platform = dict(zip(names, lines, strict=False))
         return self._platform
@@ -149,10 +156,13 @@ def _raise_if_submitted(output: dict[str, Any]) -> None:
     lines = output.get("output", "").lstrip().splitlines(keepends=True)
     if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
         submission = "".join(lines[1:])
-        raise Submitted(
-            {
-                "role": "exit",
-                "content": submission,
-                "extra": {"exit_status": "Submitted", "submission": submission},
-            }
-        )
+        raise Submitted(_exit_message("Submitted", submission, submission))
+
+
+def _exit_message(status: str, content: str, submission: str = "") -> dict[str, Any]:
+    """mini-swe-agent's last message of a run: role `exit`, how and what it submitted."""
+    return {
+        "role": "exit",
+        "content": content,
+        "extra": {"exit_status": status, "submission": submission},
+    }

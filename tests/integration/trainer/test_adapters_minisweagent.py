@@ -4,6 +4,7 @@ DeterministicModel, runs its actions in real episodes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import runpy
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from minisweagent import package_dir
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.models.test_models import DeterministicModel, make_output
 
-from corral import Corral
+from corral import Corral, EpisodeCancelled
 from corral.adapters._sync import SyncCorral
 from corral.adapters.minisweagent import CorralEnvironment
 
@@ -82,3 +83,22 @@ async def test_the_example_submits_the_sum(corral: Corral) -> None:
         "124\n",
         1.0,
     )
+
+
+async def test_an_episode_that_ended_under_the_agent_ends_its_run(corral: Corral) -> None:
+    def run_after_the_end() -> tuple[dict[str, Any], str]:
+        client = SyncCorral(corral.config)
+        try:
+            env = CorralEnvironment(TASK, client=client)
+            env.get_template_vars()  # a first command: the sandbox is up before the cancel
+            client.run(env.episode.cancel())
+            with contextlib.suppress(EpisodeCancelled):
+                client.run(env.episode.result())  # the episode has ended for sure
+            model = DeterministicModel(outputs=[make_output("ls", [{"command": "ls"}])])
+            agent = DefaultAgent(model, env, system_template="s", instance_template="t")
+            return agent.run("t"), env.finish().outcome
+        finally:
+            client.close()
+
+    exit_info, outcome = await asyncio.to_thread(run_after_the_end)
+    assert (exit_info["exit_status"], outcome) == ("EpisodeEnded", "cancelled")

@@ -217,13 +217,16 @@ def _quiet_runtime() -> Runtime:
 async def _wait_joined(client: Client, count: int) -> None:
     deadline = time.monotonic() + JOIN_TIMEOUT_S + count / JOIN_WAVE
     directory = NodeDirectory(client)  # a busy shard keeps its last answer
+    ready = 0
     while time.monotonic() < deadline:
         with contextlib.suppress(RPCError):
             await directory.refresh()
-        if sum(1 for n in directory.nodes() if n.state == "ready") >= count:
+        ready = sum(1 for n in directory.nodes() if n.state == "ready")
+        if ready >= count:
             return
         await asyncio.sleep(1.0)
-    raise SimError(f"only some of the {count} simulated nodes joined in {JOIN_TIMEOUT_S:.0f} s")
+    waited = JOIN_TIMEOUT_S + count / JOIN_WAVE
+    raise SimError(f"only {ready} of the {count} simulated nodes joined in {waited:.0f} s")
 
 
 class _Run:

@@ -26,11 +26,13 @@ COMMANDS = ["cd /workspace", "cat greet.sh", "sed -i 's/helo/hello/' greet.sh", 
 async def solve(corral: Corral) -> float:
     deployment = CorralDeployment(TASK, corral=corral)
     await deployment.start()
-    await deployment.runtime.create_session(CreateBashSessionRequest())
-    for command in COMMANDS:
-        observation = await deployment.runtime.run_in_session(BashAction(command=command))
-        print(f"$ {command}\n{observation.output}", end="")
-    await deployment.stop()  # finishes the episode: the reward command runs
+    try:
+        await deployment.runtime.create_session(CreateBashSessionRequest())
+        for command in COMMANDS:
+            observation = await deployment.runtime.run_in_session(BashAction(command=command))
+            print(f"$ {command}\n{observation.output}", end="")
+    finally:
+        await deployment.stop()  # finishes the episode: the reward command runs
     assert deployment.result is not None and deployment.result.reward is not None
     return float(deployment.result.reward.stdout.strip())
 

@@ -21,7 +21,7 @@ import logging
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from corral.adapters._frameworks import require
 
@@ -60,6 +60,7 @@ from swerex.runtime.abstract import (  # noqa: E402
     WriteFileResponse,
 )
 
+from activities.models import Outcome  # noqa: E402
 from corral.adapters._episodes import end_episode, interactive_spec  # noqa: E402
 from corral.errors import CorralError, EpisodeFileNotFound  # noqa: E402
 from corral.sdk import Corral, Episode  # noqa: E402
@@ -72,8 +73,9 @@ SESSION_DIR = "/tmp/.corral-swerex"
 # SWE-ReX's default startup timeout (1 s) is for a local shell; an exec into a
 # sandbox on a busy node can take longer than that before the shell even starts.
 STARTUP_TIMEOUT_FLOOR_S = 30.0
-# Episode states in which it runs commands (or will, once placed or woken).
-_TAKES_REQUESTS = frozenset({"provisioning", "waiting", "running", "hibernated"})
+# Episode states in which it takes no more commands (a closed one's state is its
+# outcome); every other one does, or will once placed, provisioned or woken.
+_TAKES_NO_REQUESTS = frozenset({"closing", "quarantined", *get_args(Outcome)})
 _SESSION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # A session command: restore the session's cwd and exports, run the command in
@@ -103,7 +105,7 @@ class CorralRuntime(AbstractRuntime):
             status = await self.episode.status()
         except CorralError as err:
             return IsAliveResponse(is_alive=False, message=str(err))
-        alive = status.state in _TAKES_REQUESTS
+        alive = status.state not in _TAKES_NO_REQUESTS
         return IsAliveResponse(is_alive=alive, message="" if alive else status.state)
 
     async def create_session(self, request: CreateSessionRequest) -> CreateSessionResponse:
@@ -147,14 +149,13 @@ class CorralRuntime(AbstractRuntime):
         return CloseSessionResponse()
 
     async def execute(self, command: Command) -> CommandResponse:
+        argv = _merged(_argv(command)) if command.merge_output_streams else _argv(command)
         step = await self.episode.exec(
-            _argv(command), timeout_s=command.timeout, env=command.env, workdir=command.cwd
+            argv, timeout_s=command.timeout, env=command.env, workdir=command.cwd
         )
         if step.timed_out:
             raise CommandTimeoutError(f"timeout ({command.timeout}s) exceeded running a command")
         stdout, stderr = step.stdout, step.stderr
-        if command.merge_output_streams:  # both streams, though not interleaved
-            stdout, stderr = stdout + stderr, ""
         if command.check and step.exit_code != 0:
             message = f"command {command.command!r} failed with exit code {step.exit_code}"
             prefix = f"{command.error_msg}: " if command.error_msg else ""
@@ -262,6 +263,13 @@ def _argv(command: Command) -> str | list[str]:
     if command.shell:
         return command.command if isinstance(command.command, str) else shlex.join(command.command)
     return shlex.split(command.command) if isinstance(command.command, str) else command.command
+
+
+def _merged(argv: str | list[str]) -> list[str]:
+    """The command with its stderr on its stdout, interleaved as written."""
+    if isinstance(argv, str):
+        return ["/bin/sh", "-c", f"exec 2>&1\n{argv}"]
+    return ["/bin/sh", "-c", 'exec 2>&1; exec "$@"', "sh", *argv]
 
 
 def _observation(action: BashAction, step: StepResult) -> BashObservation:

@@ -38,18 +38,21 @@ async def _agent_fixes_the_bug(deployment: CorralDeployment) -> list[str]:
     """What a SWE-agent-style loop does: a session, commands, file edits, stop."""
     await deployment.start()
     runtime = deployment.runtime
-    assert await deployment.is_alive()
-    # A startup file that is missing is skipped, as bash would.
-    startup = ["/workspace/.env.sh", "/root/.missing-bashrc"]
-    await runtime.create_session(CreateBashSessionRequest(session="main", startup_source=startup))
-    outputs = []
-    for command in ["cd /workspace && export N=2", "pwd; echo $N $GREETING", "sh calc.sh"]:
-        observation = await runtime.run_in_session(BashAction(command=command, session="main"))
-        outputs.append(observation.output)
-    source = await runtime.read_file(ReadFileRequest(path="/workspace/calc.sh"))
-    fixed = source.content.replace(" + 1", "")
-    await runtime.write_file(WriteFileRequest(path="/workspace/calc.sh", content=fixed))
-    await deployment.stop()
+    try:
+        assert await deployment.is_alive()
+        # A startup file that is missing is skipped, as bash would.
+        startup = ["/workspace/.env.sh", "/root/.missing-bashrc"]
+        session = CreateBashSessionRequest(session="main", startup_source=startup)
+        await runtime.create_session(session)
+        outputs = []
+        for command in ["cd /workspace && export N=2", "pwd; echo $N $GREETING", "sh calc.sh"]:
+            action = BashAction(command=command, session="main")
+            outputs.append((await runtime.run_in_session(action)).output)
+        source = await runtime.read_file(ReadFileRequest(path="/workspace/calc.sh"))
+        fixed = source.content.replace(" + 1", "")
+        await runtime.write_file(WriteFileRequest(path="/workspace/calc.sh", content=fixed))
+    finally:
+        await deployment.stop()  # finishes the episode, even when a check above failed
     return outputs
 
 
@@ -77,9 +80,9 @@ async def test_execute_checks_and_sessions_report_errors(corral: Corral, tmp_pat
         ran = await runtime.execute(Command(command=["/opt/p/sub/run.sh"]))
         assert (ran.stdout, ran.exit_code) == ("uploaded\n", 0)
         merged = await runtime.execute(
-            Command(command="echo o; echo e >&2; exit 3", shell=True, merge_output_streams=True)
+            Command(command="echo e >&2; echo o; exit 3", shell=True, merge_output_streams=True)
         )
-        assert (merged.stdout, merged.stderr, merged.exit_code) == ("o\ne\n", "", 3)
+        assert (merged.stdout, merged.stderr, merged.exit_code) == ("e\no\n", "", 3)
         with pytest.raises(NonZeroExitCodeError, match="exit code 3"):
             await runtime.execute(Command(command="exit 3", shell=True, check=True))
         with pytest.raises(SessionDoesNotExistError):

@@ -142,10 +142,14 @@ def fleet_room(nodes: list[NodeInfo], reservations: Reservations) -> int:
 
 
 def _load(node: NodeInfo, reserved: list[_Reservation]) -> float:
+    """The node's sandboxes (placements since its report included) weighted by
+    how busy its host is. The count is a factor, not a share of a budget of
+    thousands: each placement must tip the next choice, or a burst herds onto
+    the node whose host load happened to be sampled lowest."""
     cap, use = node.heartbeat.capacity, node.heartbeat.use
-    sandboxes = (use.sandboxes + len(reserved)) / max(cap.max_sandboxes, 1)
     memory = (use.memory_mb + len(reserved) * IDLE_SANDBOX_MB) / max(cap.memory_mb, 1)
-    return sandboxes + memory + node.heartbeat.load1 / max(cap.cores, 1.0)
+    host = 1 + node.heartbeat.load1 / max(cap.cores, 1.0) + memory
+    return (use.sandboxes + len(reserved) + 1) * host
 
 
 def _tier(node: NodeInfo, request: PlaceInput, reserved: list[_Reservation]) -> int:

@@ -18,6 +18,7 @@ from corral.errors import (
 from corral.sdk import Corral
 from workers.config import StackConfig
 from workflows.episode import sandbox_id_for
+from workflows.nodes import list_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +210,12 @@ async def test_placement_uses_both_nodes(corral: Corral, stack_config: StackConf
     spec = {"image": "busybox", "steps": ["true"]}
     results = await asyncio.gather(*(corral.run_episode(spec) for _ in range(16)))
     nodes = {r.node for r in results}
-    assert nodes == set(stack_config.node_names()), nodes
+    # On failure, what placement read: each node's state, admission and age.
+    seen = [
+        (n.name, n.state, n.heartbeat.use.admitting, n.heartbeat.use.closed, str(n.last_seen))
+        for n in await list_nodes(corral.client)
+    ]
+    assert nodes == set(stack_config.node_names()), (nodes, seen)
 
 
 async def _state_is(episode: object, state: str) -> bool:

@@ -173,3 +173,13 @@ def test_fleet_room_counts_free_slots_over_admitting_nodes() -> None:
     assert fleet_room([open_node, closed], reservations) == 6
     reservations.add("a", _request())
     assert fleet_room([open_node, closed], reservations) == 5
+
+
+def test_a_burst_does_not_herd_onto_the_host_sampled_quietest() -> None:
+    # Two nodes on one host whose load1 was read at different moments.
+    busy, quiet = _node("busy"), _node("quiet")
+    busy.heartbeat.load1, quiet.heartbeat.load1 = 6.0, 3.0
+    reservations, rng = Reservations(), random.Random(13)
+    nodes = [busy, quiet]
+    counts = Counter(choose_node(nodes, _request(), reservations, rng).node for _ in range(16))
+    assert counts["busy"] >= 4 and counts["quiet"] > counts["busy"]

@@ -169,12 +169,36 @@ class NodeActivities:
         # leaves nothing behind.
         self._lean_runs: dict[str, asyncio.Task[RunScriptedResult]] = {}
         self._closed_runs: OrderedDict[str, None] = OrderedDict()
+        self._provisions: dict[str, asyncio.Task[Any]] = {}  # run id -> provision in flight
 
     # ------------------------------------------------------------ lifecycle
     @activity.defn(name="corral.provision")
     async def provision(self, input: ProvisionInput) -> ProvisionResult:
         """The episode's sandbox: found again on a retry, warm if the pool has one,
-        else made cold under the id derived from the workflow id."""
+        else made cold under the id derived from the workflow id.
+
+        Registered under its workflow run id while it lasts, as a lean run is: a
+        cancel that lands while the sandbox is being made runs the episode's
+        teardown at once, and that teardown waits for this to finish before it
+        looks for the sandbox, so nothing is made after the teardown looked.
+        """
+        run_id = _workflow_run_id()
+        if not run_id:  # called outside an activity (tests, bench)
+            return await self._provision(input)
+        if run_id in self._closed_runs:
+            raise _app_error_from_message(
+                "EpisodeClosed", "episode closed before its sandbox was made"
+            )
+        current = asyncio.current_task()
+        if current is not None:
+            self._provisions[run_id] = current
+        try:
+            return await self._provision(input)
+        finally:
+            if self._provisions.get(run_id) is current:
+                del self._provisions[run_id]
+
+    async def _provision(self, input: ProvisionInput) -> ProvisionResult:
         started = time.monotonic()
         spec = sandbox_spec_for(input.spec, input.labels)
         workflow_id = input.labels.get("corral.workflow_id", "")
@@ -264,6 +288,7 @@ class NodeActivities:
         if input.run_id:
             self._close_run(input.run_id)
             await self._stop_lean_run(input.run_id)
+            await self._await_provision(input.run_id)
         input.sandbox_id = await self._resolve(input.sandbox_id, input.workflow_id)
         # Alerts still on their way decide the outcome: the episode reads them
         # after this returns (a background job may have acted after the last step).
@@ -403,6 +428,13 @@ class NodeActivities:
             return
         run.cancel()
         await _heartbeating(asyncio.wait({run}, timeout=LEAN_STOP_WAIT_S))
+
+    async def _await_provision(self, run_id: str) -> None:
+        """Let this run's provision, if one is in flight here, finish (or roll
+        back) first: the teardown then finds what it made."""
+        provision = self._provisions.get(run_id)
+        if provision is not None and not provision.done():
+            await _heartbeating(asyncio.wait({provision}, timeout=LEAN_STOP_WAIT_S))
 
     def _close_run(self, run_id: str) -> None:
         self._closed_runs[run_id] = None

@@ -128,6 +128,20 @@ async def test_cancel_tears_down(corral: Corral, stack_config: StackConfig) -> N
     assert desc.status == WorkflowExecutionStatus.CANCELED
 
 
+async def test_cancel_while_provisioning_leaves_nothing(
+    corral: Corral, stack_config: StackConfig
+) -> None:
+    """A trainer's env closed right after it opened: the cancel lands while the
+    node is still making the sandbox, and the teardown must still find it."""
+    episodes = [await corral.start_episode(INTERACTIVE) for _ in range(3)]
+    for episode in episodes:
+        await episode.cancel()
+    for episode in episodes:
+        with pytest.raises(EpisodeCancelled):
+            await episode.result()
+        assert await sandboxes_of(stack_config, episode.id) == [], episode.id
+
+
 async def test_cancel_during_a_long_step_tears_down(
     corral: Corral, stack_config: StackConfig
 ) -> None:

@@ -14,9 +14,10 @@ hi`. Every side runs the same work on the same machine in the same run:
   as PID 1 and without: the floor of each path, whatever the stack runs.
 - `ctr`: `ctr task exec` on N runc sandboxes of the same busybox image, on the
   same containerd (ctr is a peer here only; the product never uses it).
-- `docker`: `docker exec` on N containers of an image the bench imports
-  (`docker import`) from the same busybox rootfs Corral builds. Skipped, with
-  the reason, when no docker engine answers.
+- `docker`: `docker exec` on N busybox containers; the engine and its image
+  come from corral/bench_engines.py (a private dockerd when none answers, the
+  same busybox rootfs Corral builds). Skipped, with the reason, when docker
+  is not installed.
 
 CPU per step is all of the machine's busy CPU over the side's run divided by
 its calls (on a shared machine that includes everyone else's work). A
@@ -29,8 +30,6 @@ import asyncio
 import contextlib
 import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -40,17 +39,17 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from corral.bench import _percentile, _ratio
+from corral.bench_engines import PEER_IMAGE, EngineUnavailable, docker_engine
 from corral.bench_peers import CpuMeter, _busy_cpu_s
 from corral.sdk import Corral, Episode
 from sandbox.agent import agent_binary
 from sandbox.client import Containerd
 from sandbox.models import SandboxSpec
-from sandbox.oci_archive import build_busybox_image, build_busybox_rootfs
+from sandbox.oci_archive import build_busybox_image
 from sandbox.sandbox import Sandbox
 from workers.config import StackConfig
 
 NAMESPACE = "corral-bench-steps"  # the sandbox-layer and ctr sides' own namespace
-DOCKER_IMAGE = "corral-bench-busybox:steps"
 SINGLE_CALLS = 20  # the one-at-a-time series on an otherwise idle sandbox
 EXPECTED = "hi\n"
 Call = Callable[[int], Awaitable[str]]  # sandbox index -> the call's stdout
@@ -234,47 +233,27 @@ async def _ctr_side(config: StackConfig, plan: Plan) -> StepSide:
 
 
 # --------------------------------------------------------------- docker
-async def _docker_side(plan: Plan) -> StepSide:
+async def _docker_side(config: StackConfig, plan: Plan) -> StepSide:
     side = StepSide(name="docker exec", path="docker exec on busybox containers, --network none")
-    docker = shutil.which("docker")
-    if docker is None:
-        return _skipped(side, "docker is not installed")
-    why = await _fails([docker, "version", "--format", "{{.Server.Version}}"])
-    if why:
-        return _skipped(side, f"no docker engine answers: {why}")
-    await _docker_import(docker)
+    try:
+        engine = await docker_engine(config.state)  # brings a daemon and busybox if needed
+    except EngineUnavailable as err:
+        return _skipped(side, str(err))
     names = [f"corral-bench-steps-{uuid.uuid4().hex[:8]}" for _ in range(plan.sandboxes)]
     try:
         for name in names:
-            run = [docker, "run", "-d", "--network", "none", "--name", name, DOCKER_IMAGE]
-            await _output([*run, "sleep", "3600"])
+            await engine.run(
+                "run", "-d", "--network", "none", "--name", name, PEER_IMAGE, "sleep", "3600"
+            )
 
         async def call(index: int) -> str:
-            return await _output([docker, "exec", names[index], "echo", "hi"])
+            return await engine.run("exec", names[index], "echo", "hi")
 
         return await _measure(side, plan, call)
     finally:
-        await _fails([docker, "rm", "-f", *names])
-        await _fails([docker, "rmi", DOCKER_IMAGE])
-
-
-async def _docker_import(docker: str) -> None:
-    """The busybox rootfs Corral builds, as a docker image (no registry needed)."""
-    with tempfile.TemporaryDirectory(prefix="corral-bench-steps-") as tmp:
-        root = build_busybox_rootfs(Path(tmp) / "rootfs")
-        tar = subprocess.run(["tar", "-C", str(root), "-c", "."], check=True, capture_output=True)
-    proc = await asyncio.create_subprocess_exec(
-        docker,
-        "import",
-        "-",
-        DOCKER_IMAGE,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await proc.communicate(tar.stdout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"docker import failed: {err.decode().strip()[-300:]}")
+        with contextlib.suppress(RuntimeError, OSError):
+            await engine.run("rm", "-f", *names)
+        await engine.close()
 
 
 # -------------------------------------------------------------- helpers
@@ -286,15 +265,6 @@ async def _output(argv: list[str]) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(argv[0]).name} exited {proc.returncode}: {err.decode()[-300:]}")
     return out.decode()
-
-
-async def _fails(argv: list[str]) -> str:
-    """'' when the command succeeds, else why not (one line)."""
-    try:
-        await _output(argv)
-        return ""
-    except (RuntimeError, OSError) as err:
-        return " ".join(str(err).split())[:200]
 
 
 def _skipped(side: StepSide, why: str) -> StepSide:
@@ -319,7 +289,7 @@ async def run_steps(
     """Every side in turn, peers first; `single_calls`: the unloaded series' length."""
     load = _load_average()  # before the bench adds its own
     plan = Plan(sandboxes, calls, single_calls, tick)
-    docker = await _docker_side(plan)
+    docker = await _docker_side(config, plan)
     ctr = await _ctr_side(config, plan)
     agent = await _sandbox_side(config, plan, agent=True)
     runc = await _sandbox_side(config, plan, agent=False)

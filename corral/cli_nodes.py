@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import click
 from rich.table import Table
+from temporalio.client import Client
 
 from corral.cli_common import Context, console, emit_json, fail, out, pass_ctx, run_async
 
@@ -143,12 +144,10 @@ def _state(state: str) -> str:
 async def node_drain(ctx: Context, name: str) -> None:
     """No new episodes on NAME; running ones finish. `corral node up` undrains."""
     from workers.temporal import connect
-    from workflows.nodes import drain_node, list_nodes
+    from workflows.nodes import drain_node
 
     client = await connect(ctx.config)
-    known = {info.name for info in await list_nodes(client)}
-    if name not in known:
-        fail(f"unknown node {name!r}: the registry knows {', '.join(sorted(known)) or 'no nodes'}")
+    await _known_node(client, name)
     await drain_node(client, name, by="corral node drain")
     click.echo(f"{name} is draining: no new episodes; running ones finish")
 
@@ -160,14 +159,21 @@ async def node_drain(ctx: Context, name: str) -> None:
 async def node_forget(ctx: Context, name: str) -> None:
     """Remove NAME from the registry now (a lost node leaves by itself after 10 min)."""
     from workers.temporal import connect
-    from workflows.nodes import forget_node, list_nodes
+    from workflows.nodes import forget_node
 
     client = await connect(ctx.config)
-    known = {info.name for info in await list_nodes(client)}
-    if name not in known:
-        fail(f"unknown node {name!r}: the registry knows {', '.join(sorted(known)) or 'no nodes'}")
+    await _known_node(client, name)
     await forget_node(client, name, by="corral node forget")
     click.echo(f"{name} forgotten: it is listed again only if it heartbeats again")
 
 
 COMMANDS = [node]
+
+
+async def _known_node(client: Client, name: str) -> None:
+    """Fail in one line unless the registry knows NAME."""
+    from workflows.nodes import list_nodes
+
+    known = {info.name for info in await list_nodes(client)}
+    if name not in known:
+        fail(f"unknown node {name!r}: the registry knows {', '.join(sorted(known)) or 'no nodes'}")

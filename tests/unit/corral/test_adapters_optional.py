@@ -4,10 +4,9 @@ of the frameworks, and an adapter whose framework is missing fails in one line."
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.blocked_imports import run_without
+
 # framework module -> the extra that installs it (also the adapter's module name)
 FRAMEWORKS = {
     "swerex": "swerex",
@@ -16,29 +15,10 @@ FRAMEWORKS = {
     "verifiers": "verifiers",
 }
 
+
 # Runs in the child: the frameworks fail to import, as when they are not installed.
-_BLOCKER = f"""
-import importlib.abc, sys
-
-class _NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {tuple(FRAMEWORKS)!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-
-sys.meta_path.insert(0, _NotInstalled())
-"""
-
-
 def _run_without_frameworks(body: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _BLOCKER + body],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_without(FRAMEWORKS, body)
 
 
 def test_corral_and_its_adapters_package_import_without_any_framework() -> None:

@@ -9,37 +9,17 @@ one line naming the extra.
 from __future__ import annotations
 
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
+
+from tests.blocked_imports import run_without
 
 REPO = Path(__file__).resolve().parents[3]
 OPTIONAL = ("polars", "pyarrow", "matplotlib")
 
-# Runs in the child: a meta-path finder that refuses the optional libraries
-# ahead of every other finder, so an import of them fails as if not installed.
-_BLOCKER = f"""
-import importlib.abc, sys
-
-class _NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {OPTIONAL!r}:
-            raise ImportError(f"No module named {{name!r}} (blocked by the test)")
-        return None
-
-sys.meta_path.insert(0, _NotInstalled())
-"""
-
 
 def _run_without_extras(body: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _BLOCKER + body],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_without(OPTIONAL, body)
 
 
 def test_the_base_dependencies_name_no_dataframe_or_plotting_library() -> None:

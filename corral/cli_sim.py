@@ -37,7 +37,7 @@ JSON_KEYS = (
 @click.option("--grace", "grace_s", type=float, default=150.0, show_default=True,
               help="Seconds after the last arrival for every episode to close.")  # fmt: skip
 @click.option("--port-base", type=int, default=None,
-              help="First of the sim stack's ports (default 24233).")  # fmt: skip
+              help="First of the sim stack's ports (default 25233).")  # fmt: skip
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx

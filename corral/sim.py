@@ -53,7 +53,7 @@ from workers.stack import Stack
 from workers.temporal import connect
 from workflows.nodes import REGISTRY_SHARDS, registry_handle
 
-DEFAULT_PORT_BASE = 24233
+DEFAULT_PORT_BASE = 25233  # a family no test stack uses (24233 is the TLS e2e stack's)
 JOIN_TIMEOUT_S = 120.0
 PARTITION_S = 40.0  # longer than the registry's lost verdict (20 s + one 5 s check)
 SLOW_FACTOR = 10.0

@@ -1,7 +1,7 @@
 """`corral sim` as a user runs it: a small fleet, a tenth of it killed mid-run.
 
 The sim starts its own control plane (Temporal, workflow worker, janitor) on
-ports of its own (24233 + CORRAL_TEST_PORT_OFFSET), so it runs beside the
+ports of its own (25233 + CORRAL_TEST_PORT_OFFSET), so it runs beside the
 session and fleet stacks. Speed is not judged here (docs/benchmarks.md is
 where figures go): the report's contract and that no episode is lost or stuck.
 """

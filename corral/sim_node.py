@@ -48,6 +48,7 @@ from activities.models import (
     TeardownResult,
     WriteFileInput,
 )
+from workers.heartbeat import next_tick
 from workflows.nodes import HEARTBEAT_EVERY_S, BeatGate, registry_id, send_heartbeat, shard_of
 
 SIM_IMAGE = "corral.local/busybox:latest"
@@ -174,18 +175,19 @@ class SimNode:
     async def _heartbeat_forever(self, client: Client) -> None:
         # Spread the first beats over one period, as nodes started at different times are.
         await asyncio.sleep(self._rng.uniform(0.0, HEARTBEAT_EVERY_S))
+        tick = time.monotonic()
         while True:
-            if time.monotonic() >= self._silent_until:
-                await self._beat(client)
-            await asyncio.sleep(HEARTBEAT_EVERY_S)
+            if tick >= self._silent_until:
+                await self._beat(client, tick)
+            tick = await next_tick(tick)
 
-    async def _beat(self, client: Client) -> None:
+    async def _beat(self, client: Client, tick: float) -> None:
         beat = self.heartbeat()
-        if not self._gate.due(beat, time.monotonic()):
+        if not self._gate.due(beat, tick):
             return
         try:
             await send_heartbeat(client, self._workflow_queue, beat)
-            self._gate.sent(beat, time.monotonic())
+            self._gate.sent(beat, tick)
             self._stats.signals[registry_id(shard_of(self.name))] += 1
         except asyncio.CancelledError:
             raise

@@ -65,14 +65,23 @@ async def heartbeat_forever(
 ) -> None:
     """Until cancelled; a failed beat is logged and the next one tried."""
     gate = BeatGate()
+    tick = time.monotonic()
     while True:
         try:
             beat = await build_heartbeat(config, node, activities, containerd, pool)
-            if gate.due(beat, time.monotonic()):
+            if gate.due(beat, tick):
                 await send_heartbeat(client, config.workers.workflow_task_queue, beat)
-                gate.sent(beat, time.monotonic())
+                gate.sent(beat, tick)
         except asyncio.CancelledError:
             raise
         except Exception as err:
             log.warning("heartbeat of %s not sent: %s", node, err)
-        await asyncio.sleep(HEARTBEAT_EVERY_S)
+        tick = await next_tick(tick)
+
+
+async def next_tick(tick: float) -> float:
+    """Sleep to the next tick of a fixed 5 s cadence: a slow send must not push
+    every later beat back (beats 15 s apart make placement skip the node)."""
+    due = max(tick + HEARTBEAT_EVERY_S, time.monotonic())
+    await asyncio.sleep(due - time.monotonic())
+    return due

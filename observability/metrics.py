@@ -88,6 +88,11 @@ class Metrics:
         self.intake_alerts = meter.create_counter(
             "corral.intake.alerts", unit="1", description="Alerts the intake took, by outcome"
         )
+        self.snapshots_collected = meter.create_counter(
+            "corral.snapshot_images.collected",
+            unit="1",
+            description="Snapshot images removed by the node's collector, by node",
+        )
         # Each sandbox's gauge state, so that removal and moves count from where it is.
         self._states: dict[tuple[str, str], SandboxState] = {}
         self._states_lock = threading.Lock()
@@ -155,6 +160,9 @@ class Metrics:
 
     def record_oom_kill(self, node: str) -> None:
         self.oom_kills.add(1, {"node": node})
+
+    def record_snapshots_collected(self, node: str, count: int) -> None:
+        self.snapshots_collected.add(count, {"node": node})
 
     def record_episode(self, outcome: str) -> None:
         self.episodes.add(1, {"outcome": outcome})

@@ -103,6 +103,9 @@ class NodesConfig(_Strict):
     # What each node may hold (activities/capacity.py); unset values come from the machine.
     budget: NodeBudgetConfig = Field(default_factory=NodeBudgetConfig)
     userns: UidPoolConfig = Field(default_factory=UidPoolConfig)
+    # Fork and user snapshot images nothing used for this long are collected
+    # (sandbox/snapshot_gc.py, every few minutes per node); 0: never.
+    snapshot_retention_s: float = Field(default=3600.0, ge=0)
 
 
 class WorkersConfig(_Strict):
@@ -299,6 +302,7 @@ _ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "CORRAL_EXEC_AGENT": ("workers", "exec_agent"),
     "CORRAL_NODES": ("nodes", "count"),
     "CORRAL_SHIM_GROUP_SIZE": ("nodes", "shim_group_size"),
+    "CORRAL_SNAPSHOT_RETENTION_S": ("nodes", "snapshot_retention_s"),
     "CORRAL_INTAKE_PORT": ("intake", "port"),
     "CORRAL_INTAKE_HOST": ("intake", "host"),
     "CORRAL_INTAKE_URL": ("intake", "url"),

@@ -9,6 +9,9 @@ registry (`workers/heartbeat.py`) once it serves.
 Before it polls for work it reaps: a node that crashed or was lost comes
 back with sandboxes whose episodes have ended meanwhile (the registry failed
 them), and nothing else would remove those before the janitor's next round.
+
+Every few minutes it removes the node's fork and user snapshot images that
+nothing needs any more (`sandbox/snapshot_gc.py`, `nodes.snapshot_retention_s`).
 """
 
 from __future__ import annotations
@@ -34,18 +37,50 @@ from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from sandbox import Containerd
+from sandbox.errors import CorralError
+from sandbox.snapshot_gc import collect_snapshots
 from sandbox.userns import UidPool
 from workers.config import StackConfig, load_config
 from workers.heartbeat import heartbeat_forever
 from workers.temporal import connect
 
 log = logging.getLogger("corral.node")
+SNAPSHOT_GC_EVERY_S = 300.0
 
 
 async def watch_ooms(containerd: Containerd, node: str, metrics: Metrics) -> None:
     async for event in containerd.events(("/tasks/oom",)):
         log.warning("OOM kill in sandbox %s on %s", event.sandbox_id, node)
         metrics.record_oom_kill(node)
+
+
+async def collect_snapshots_forever(
+    containerd: Containerd,
+    node: str,
+    retention_s: float,
+    metrics: Metrics,
+    *,
+    every_s: float = SNAPSHOT_GC_EVERY_S,
+    foreground: Foreground | None = None,
+) -> None:
+    """Each round removes the snapshot images nothing needs (sandbox/snapshot_gc.py);
+    a round that fails is logged and the next one tries again."""
+    while True:
+        await asyncio.sleep(every_s)
+        if foreground is not None:
+            await foreground.quiet()  # after the steps running now
+        try:
+            removed = await collect_snapshots(containerd.connection, retention_s)
+        except CorralError as err:
+            log.warning("snapshot collection on %s failed: %s", node, err)
+            continue
+        except Exception:
+            log.exception("snapshot collection on %s failed", node)
+            continue
+        if removed:
+            log.info("collected %d snapshot images on %s: %s", len(removed), node,
+                     ", ".join(removed))  # fmt: skip
+            metrics.record_snapshots_collected(node, len(removed))
 
 
 async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -> None:
@@ -118,6 +153,12 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         async with worker:
             beats = heartbeat_forever(client, config, node, node_activities, containerd, pool)
             background.append(asyncio.create_task(beats))
+            retention_s = config.nodes.snapshot_retention_s
+            if retention_s > 0:
+                collect = collect_snapshots_forever(
+                    containerd, node, retention_s, metrics, foreground=foreground
+                )
+                background.append(asyncio.create_task(collect))
             await stop.wait()
     finally:
         await node_activities.drain()

@@ -1,14 +1,21 @@
-"""docker as a benchmark peer, brought by the bench itself.
+"""docker and podman as benchmark peers, brought by the bench itself.
 
-A fresh machine of this kind has the docker CLI, Debian's `docker.io` engine
-(installed by scripts/setup.sh) but no running daemon and no image: no
-registry is reachable. So a bench that compares against docker asks
-`docker_engine` for one: the engine that already answers (`DOCKER_HOST` or
-the default socket), else a private `dockerd` under the stack's state
-directory with no bridge, no iptables and no masquerading (it must not touch
-the host's network), stopped by `close()`. Either way the engine gets the
-same busybox rootfs Corral's sandboxes run (`sandbox/oci_archive.py`),
-imported as `busybox` when it has none.
+A fresh machine of this kind has Debian's `docker.io` and `podman` (installed
+by scripts/setup.sh) but no running daemon and no image: no registry is
+reachable. So a bench that compares against an engine asks for one here:
+
+- `docker_engine`: the engine that already answers (`DOCKER_HOST` or the
+  default socket), else a private `dockerd` under the stack's state directory
+  with no bridge, no iptables and no masquerading (it must not touch the
+  host's network), stopped by `close()`.
+- `podman_engine`: podman has no daemon; it gets storage of its own under the
+  state directory (`--root`, `--runroot`), so the bench never touches the
+  host's images, and the file and process limits its containers need here
+  (podman 4.3's defaults ask for more than the machine grants without
+  CAP_SYS_RESOURCE, and every container then fails: FIELD-NOTES).
+
+Either way the engine gets the same busybox rootfs Corral's sandboxes run
+(`sandbox/oci_archive.py`), imported as `busybox` when it has none.
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ import contextlib
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.oci_archive import build_busybox_rootfs
 
 PEER_IMAGE = "busybox"
 DAEMON_START_S = 60.0
+# What podman's containers need on these machines (FIELD-NOTES: its defaults
+# fail without CAP_SYS_RESOURCE).
+PODMAN_RUN_FLAGS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
 
 
 class EngineUnavailable(Exception):
@@ -38,6 +48,11 @@ class Engine:
     name: str
     argv: list[str]
     daemon: asyncio.subprocess.Process | None = None  # ours to stop
+    run_flags: list[str] = field(default_factory=list)  # what `run` needs on this machine
+
+    def run_argv(self, *args: str) -> list[str]:
+        """`<engine> run <run_flags> args...`, for callers that run it themselves."""
+        return [*self.argv, "run", *self.run_flags, *args]
 
     async def run(self, *args: str, stdin: bytes | None = None) -> str:
         """Run `<engine> args...`; its stdout, or RuntimeError with stderr's tail."""
@@ -74,11 +89,38 @@ async def docker_engine(state_dir: Path) -> Engine:
     engine = Engine("docker", [docker])
     if not await _answers(engine):
         engine = await _private_dockerd(docker, state_dir / "peers" / "docker")
+    return await _with_busybox(engine)
+
+
+async def podman_engine(state_dir: Path) -> Engine:
+    """podman on storage of its own with the busybox image, or EngineUnavailable saying why."""
+    podman = shutil.which("podman")
+    if podman is None:
+        raise EngineUnavailable("podman is not installed (apt-get install podman)")
+    root = state_dir / "peers" / "podman"
+    root.mkdir(parents=True, exist_ok=True)
+    argv = [
+        podman,
+        "--root", str(root / "storage"),
+        "--runroot", str(root / "run"),
+        "--tmpdir", str(root / "tmp"),
+        "--cgroup-manager", "cgroupfs",  # no systemd on these machines
+        "--events-backend", "file",
+    ]  # fmt: skip
+    engine = Engine("podman", argv, run_flags=PODMAN_RUN_FLAGS)
+    try:
+        await engine.run("version", "--format", "{{.Client.Version}}")
+    except (RuntimeError, OSError) as err:
+        raise EngineUnavailable(f"podman does not run: {err}") from err
+    return await _with_busybox(engine)
+
+
+async def _with_busybox(engine: Engine) -> Engine:
     try:
         await _ensure_busybox(engine)
     except RuntimeError as err:
         await engine.close()
-        why = f"docker has no busybox image and cannot import one: {err}"
+        why = f"{engine.name} has no busybox image and cannot import one: {err}"
         raise EngineUnavailable(why) from err
     return engine
 

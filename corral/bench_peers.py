@@ -1,8 +1,10 @@
 """`corral bench --peers`: Corral beside `ctr`, `podman` and `docker`, in one run.
 
 Each peer runs the same job as a one-step episode: create a busybox
-container, run `echo hi`, remove it. A peer that is not installed (or whose
-engine does not answer) is skipped and said so; nothing is installed. The
+container, run `echo hi`, remove it. docker and podman are brought by the
+bench (corral/bench_engines.py: a private dockerd when none answers, podman
+on storage of its own, busybox imported from Corral's rootfs); a peer that is
+not installed, or whose engine cannot be had, is skipped with the reason. The
 Corral series come from `corral.bench.run_bench` in the same run, twice: with
 the warm pool serving the episodes, and with a spec shape the pool does not
 serve (the cold path). CPU per episode is read from /proc around the cold
@@ -15,12 +17,19 @@ import asyncio
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from corral.bench import SPACED_SERIES, BenchReport, Series, _measure, _ratio, run_bench
+from corral.bench_engines import (
+    PEER_IMAGE,
+    Engine,
+    EngineUnavailable,
+    docker_engine,
+    podman_engine,
+)
 from sandbox import BUSYBOX_IMAGE
 from workers.config import StackConfig
 from workers.stack import Stack
@@ -29,6 +38,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Pause before each run of the spaced series: long enough for a Corral node to
 # finish the last episode's deferred teardown and pool refill (~0.3 s of CPU).
 SPACING_S = 1.0
+PODMAN_PEER = "podman run --rm --network none"
+DOCKER_PEER = "docker run --rm --network none"
 
 
 class PeerResult(BaseModel):
@@ -116,40 +127,45 @@ async def _peer(
     )
 
 
-def _engine_run(binary: str) -> Callable[[str], list[str]]:
-    """`podman`/`docker run --rm --network none busybox echo hi` under a given name."""
-
-    def argv(name: str) -> list[str]:
-        return [binary, "run", "--rm", "--network", "none", "--name", name, "busybox", "echo", "hi"]
-
-    return argv
+async def _engine_peer(
+    name: str,
+    bring: Callable[[Path], Awaitable[Engine]],
+    config: StackConfig,
+    n: int,
+    concurrency: int,
+    tick: Callable[[], None],
+) -> PeerResult:
+    """`<engine> run --rm --network none busybox echo hi` on an engine the bench brings
+    (corral/bench_engines.py: a private dockerd, podman on storage of its own)."""
+    try:
+        engine = await bring(config.state)
+    except EngineUnavailable as err:
+        return PeerResult(name=name, available=False, skipped_because=str(err))
+    try:
+        return await _peer(
+            name,
+            lambda cid: engine.run_argv(
+                "--rm", "--network", "none", "--name", cid, PEER_IMAGE, "echo", "hi"
+            ),
+            [*engine.argv, "image", "inspect", PEER_IMAGE],
+            n,
+            concurrency,
+            tick,
+        )
+    finally:
+        await engine.close()
 
 
 async def _peers(
     config: StackConfig, n: int, concurrency: int, tick: Callable[[], None]
 ) -> list[PeerResult]:
     ctr = _ctr_argv(config, config.node_names()[0])
-    podman, docker = shutil.which("podman"), shutil.which("docker")
     ctr_run = (lambda cid: [*ctr, cid, "echo", "hi"]) if ctr else None
     ctr_probe = [*ctr, f"probe-{uuid.uuid4().hex[:6]}", "true"] if ctr else None
     return [
         await _peer("ctr run --rm", ctr_run, ctr_probe, n, concurrency, tick),
-        await _peer(
-            "podman run --rm --network none",
-            _engine_run(podman) if podman else None,
-            [podman, "image", "exists", "busybox"] if podman else None,
-            n,
-            concurrency,
-            tick,
-        ),
-        await _peer(
-            "docker run --rm --network none",
-            _engine_run(docker) if docker else None,
-            [docker, "image", "inspect", "busybox"] if docker else None,
-            n,
-            concurrency,
-            tick,
-        ),
+        await _engine_peer(PODMAN_PEER, podman_engine, config, n, concurrency, tick),
+        await _engine_peer(DOCKER_PEER, docker_engine, config, n, concurrency, tick),
     ]
 
 
@@ -231,8 +247,8 @@ def _peer_ratios(report: BenchReport, peers: list[PeerResult]) -> dict[str, floa
         "update exec p50 / raw exec p50": _ratio(update.p50_ms, raw_exec.p50_ms),
     }
     peer = {p.name.split()[0]: p for p in peers if p.available}
-    for key, name in (("docker", "docker"), ("ctr", "ctr")):
-        found = peer.get(name)
+    for key in ("docker", "podman", "ctr"):
+        found = peer.get(key)
         if found and found.sequential and found.concurrent:
             ratios[f"episode p50 / {key} p50"] = _ratio(alone.p50_ms, found.sequential.p50_ms)
             ratios[f"episode throughput / {key} throughput"] = _ratio(

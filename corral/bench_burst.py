@@ -29,6 +29,7 @@ from workers.config import StackConfig
 from workflows.models import EpisodeSpec
 
 DEFAULT_IN_FLIGHT = 64
+MAX_REASONS = 3
 
 
 class BurstSide(BaseModel):
@@ -53,6 +54,7 @@ class BurstReport(BaseModel):
     docker: BurstSide | None
     docker_skipped_because: str = ""
     max_waiting: int  # most Corral episodes seen waiting for a node at once
+    waiting_reasons: list[str] = []  # why they waited, as episode.status() said it
     ratios: dict[str, float]
     targets: dict[str, str]
 
@@ -181,16 +183,29 @@ class DockerRollouts:
         await self._engine.run("rm", "-f", self._name(i))
 
 
-async def _count_waiting(corral: Corral, tag: str, stop: asyncio.Event) -> int:
-    """The most episodes of this bench seen in EpisodeState='waiting' at once."""
+async def _count_waiting(corral: Corral, tag: str, stop: asyncio.Event, reasons: list[str]) -> int:
+    """The most episodes of this bench seen in EpisodeState='waiting' at once;
+    the distinct reasons they gave (up to MAX_REASONS) go into `reasons`."""
     query = f"EpisodeState = 'waiting' AND WorkflowId STARTS_WITH 'burst-{tag}-'"
     most = 0
     while not stop.is_set():
         with contextlib.suppress(RPCError):  # a visibility hiccup must not end the bench
-            most = max(most, (await corral.client.count_workflows(query)).count)
+            seen = (await corral.client.count_workflows(query)).count
+            most = max(most, seen)
+            if seen and len(reasons) < MAX_REASONS:
+                await _note_reason(corral, query, reasons)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
     return most
+
+
+async def _note_reason(corral: Corral, query: str, reasons: list[str]) -> None:
+    """Ask one waiting episode why it waits (it may have moved on: then nothing)."""
+    async for listed in corral.client.list_workflows(query, limit=1):
+        with contextlib.suppress(RPCError, CorralError):
+            status = await corral.episode(listed.id).status()
+            if status.state == "waiting" and status.reason not in reasons:
+                reasons.append(status.reason)
 
 
 async def run_burst(
@@ -205,7 +220,8 @@ async def run_burst(
     tag = uuid.uuid4().hex[:8]
     corral = await Corral.connect(config)
     stop = asyncio.Event()
-    watcher = asyncio.create_task(_count_waiting(corral, tag, stop))
+    reasons: list[str] = []
+    watcher = asyncio.create_task(_count_waiting(corral, tag, stop, reasons))
     try:
         corral_side = await run_side(CorralRollouts(corral, tag), width, calls, in_flight, tick)
     finally:
@@ -222,6 +238,7 @@ async def run_burst(
         docker=docker_side,
         docker_skipped_because=skipped,
         max_waiting=max_waiting,
+        waiting_reasons=reasons,
         ratios=_ratios(corral_side, docker_side),
         targets={"corral / docker wall_s": "<= 0.67", "corral / docker start_p99_ms": "<= 1.0"},
     )
@@ -275,6 +292,7 @@ def describe(report: BurstReport) -> list[str]:
         if side.first_failure:
             lines.append(f"{'':8s} first failure: {side.first_failure}")
     lines.append(f"most corral episodes waiting for a node at once: {report.max_waiting}")
+    lines.extend(f"  waiting because: {reason}" for reason in report.waiting_reasons)
     for key, value in report.ratios.items():
         lines.append(f"{key:32s} {value:.3f}  (target {report.targets.get(key, '')})")
     return lines

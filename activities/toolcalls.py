@@ -331,7 +331,8 @@ class ToolCallActivities:
         if channel is None:
             raise ApplicationError(
                 f"sandbox {sandbox_id} has no exec agent channel on node {self.node}: sessions "
-                "and jobs need workers.exec_agent on (CORRAL_EXEC_AGENT=1) when it was made",
+                "and jobs need the agent's channel, which only the worker that made the sandbox "
+                "holds (workers.exec_agent on, and no node worker restart since)",
                 type="AgentUnavailable",
                 non_retryable=True,
             )

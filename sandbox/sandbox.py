@@ -31,6 +31,7 @@ from sandbox.grpc_errors import is_not_found, map_grpc_error
 from sandbox.models import ExecResult, SandboxMetrics, SandboxStatus, parse_user
 from sandbox.network import NetworkAttachment
 from sandbox.spec import EXEC_OOM_SCORE_ADJ, exec_process
+from sandbox.tracing import agent_span
 
 if TYPE_CHECKING:
     from sandbox.agent import AgentChannel, AgentResult
@@ -266,7 +267,8 @@ class Sandbox:
         from sandbox.agent import AgentGone
 
         try:
-            return await channel.run(*args, **kwargs)
+            with agent_span("run", self.id):
+                return await channel.run(*args, **kwargs)
         except AgentGone as err:  # PID 1 exited, or the sandbox was destroyed
             raise SandboxNotFound(f"sandbox {self.id!r} is gone ({err})") from err
 

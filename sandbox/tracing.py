@@ -1,4 +1,5 @@
-"""Each containerd RPC as an OpenTelemetry span (`containerd/Tasks/Create`, ...).
+"""Each containerd RPC as an OpenTelemetry span (`containerd/Tasks/Create`, ...),
+and each call through the exec agent as one (`agent/run`).
 
 A gRPC client interceptor on the containerd channel: it sees every call the
 sandbox layer makes, so no call site needs instrumenting. It uses only the
@@ -10,7 +11,8 @@ node activity, that is Temporal's `RunActivity` span of the episode.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -69,3 +71,12 @@ class StreamTracing(_Traced, grpc.aio.UnaryStreamClientInterceptor):  # type: ig
 
 def interceptors() -> list[grpc.aio.ClientInterceptor]:
     return [UnaryTracing(), StreamTracing()]
+
+
+@contextmanager
+def agent_span(op: str, sandbox_id: str) -> Iterator[trace.Span]:
+    """A call through the exec agent (docs/agent.md): no containerd RPC carries it,
+    so without this span a traced step would show nothing below its activity."""
+    with _tracer.start_as_current_span(f"agent/{op}", kind=trace.SpanKind.CLIENT) as current:
+        current.set_attribute("corral.sandbox_id", sandbox_id)
+        yield current

@@ -85,14 +85,14 @@ if ! make -q -C policies/sensor/bpf OUT="$sensor_bpf" >/dev/null 2>&1; then
 fi
 
 # The exec agent (agent/: static Go, standard library only), built into the cache,
-# never committed; sandboxes get it only with workers.exec_agent on (docs/agent.md).
+# never committed; every sandbox gets it unless workers.exec_agent is off (docs/agent.md).
 agent_bin="${CORRAL_CACHE_DIR:-$PWD/.cache}/agent/corral-agent"
 if [[ ! -x $agent_bin || -n $(find agent \( -name '*.go' -o -name go.mod \) -newer "$agent_bin" | head -1) ]]; then
   echo "setup: building the exec agent into $agent_bin"
   mkdir -p "$(dirname "$agent_bin")"
   (cd agent && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$agent_bin.tmp" . &&
     mv "$agent_bin.tmp" "$agent_bin") ||
-    echo "setup: the exec agent did not build; sandboxes run without it"
+    { echo "setup: the exec agent did not build; nodes refuse sandboxes without it (CORRAL_EXEC_AGENT=0 runs runc exec only)" >&2; exit 1; }
 fi
 
 # bpftrace needs tracefs, which these machines do not mount at boot.

@@ -115,8 +115,9 @@ class WorkersConfig(_Strict):
     # image -> ready sandboxes each node keeps (see activities/pool.py)
     warm_pool: dict[str, int] = Field(default_factory=dict)
     # The exec agent as every new sandbox's PID 1, steps and files through it
-    # (docs/agent.md); off by default.
-    exec_agent: bool = False
+    # (docs/agent.md). On by default: sessions, jobs, streaming and PTYs need it,
+    # and a call through it costs a tenth of a runc exec. Off: runc exec only.
+    exec_agent: bool = True
 
     @field_validator("warm_pool", mode="before")
     @classmethod

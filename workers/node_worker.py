@@ -98,7 +98,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         namespace=config.nodes.containerd_namespace,
         uid_pool=UidPool(start=config.nodes.userns.start, size=config.nodes.userns.size),
         shim_group_size=config.nodes.shim_group_size,
-        exec_agent=config.workers.exec_agent,  # docs/agent.md; off by default
+        exec_agent=config.workers.exec_agent,  # docs/agent.md; on by default
     )
     records = RecordWriter(config.records_dir)
     foreground = Foreground()  # steps first; pool refills and teardowns wait for them

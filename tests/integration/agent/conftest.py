@@ -1,9 +1,10 @@
 """Fixtures for the exec agent's integration tests (docs/agent.md).
 
-The agent is off by default (``workers.exec_agent``), so the session's stack
-runs without it; these tests turn it on for their own sandboxes only: a
-``Containerd`` client with ``exec_agent=True`` on the stack's first node, in a
-namespace of its own (the node worker neither sees nor reaps them). Every
+The agent is on by default (``workers.exec_agent``); these tests make their own
+sandboxes with it all the same, so they test the sandbox layer whatever the
+stack runs: a ``Containerd`` client with ``exec_agent=True`` on the stack's
+first node, in a namespace of its own (the node worker neither sees nor reaps
+them). Every
 sandbox is destroyed when its test ends, and the session fails if any is left.
 """
 

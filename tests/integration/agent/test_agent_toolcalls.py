@@ -2,11 +2,8 @@
 and the SDK end to end when the stack itself runs with the agent on.
 
 The activities run here outside a Temporal worker, against this package's own
-agent sandboxes (the session's stack keeps the agent off, its default). The SDK
-test needs the stack's node workers to make sandboxes with the agent, so it runs
-only under ``CORRAL_EXEC_AGENT=1`` (a stack started with the agent on):
-
-    CORRAL_EXEC_AGENT=1 .venv/bin/pytest -q tests/integration/agent
+agent sandboxes. The SDK test needs the stack's node workers to make sandboxes
+with the agent: their default (it skips only under ``CORRAL_EXEC_AGENT=0``).
 """
 
 from __future__ import annotations
@@ -89,7 +86,7 @@ async def test_job_activities(
 
 async def test_sdk_sessions_and_jobs(corral: Corral, stack_config: StackConfig) -> None:
     if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs without the exec agent (its default); CORRAL_EXEC_AGENT=1")
+        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
     spec = {"image": "busybox", "interactive": True}
     async with await corral.start_episode(spec) as episode:
         await episode.exec("mkdir -p /tmp/w && cd /tmp/w && export K=v", session="main")

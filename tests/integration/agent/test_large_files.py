@@ -3,8 +3,8 @@ through a real registry (Debian's docker-registry on a loopback port), the
 episode's history holding only the digest.
 
 The node's activities run here on an agent sandbox (the agent's chunked path);
-the SDK test runs through the session stack (runc's path, or the agent's when
-the stack runs with CORRAL_EXEC_AGENT=1).
+the SDK test runs through the session stack (the agent's path by default,
+runc's under CORRAL_EXEC_AGENT=0).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ async def test_a_pty_job_takes_keys(
 
 async def test_corral_episode_shell(corral: Corral, stack_config: StackConfig) -> None:
     if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs without the exec agent (its default); CORRAL_EXEC_AGENT=1")
+        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
     spec = {"image": "busybox", "interactive": True}
     async with await corral.start_episode(spec) as episode:
         await episode.exec("true")  # the sandbox exists

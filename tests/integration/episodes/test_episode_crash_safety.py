@@ -2,6 +2,12 @@
 completed step is lost or run twice (each step appends a line to a file, which
 is read back at the end).
 
+A step runs through the exec agent by default (docs/agent.md) and through runc
+exec once the node worker that made the sandbox is gone (the new worker holds
+no channel to its agent), so each test crosses both: a call through the agent
+that loses its worker is `interrupted` and never run again; a runc exec outlives
+its worker and is reattached; a call through the agent does not need containerd.
+
 These tests kill and restart the session stack's own worker processes, by the
 pid files the stack keeps; they pin their episodes to node-1.
 """
@@ -62,28 +68,62 @@ async def _long_step_in_flight(
     return episode, sandbox_id, long_step
 
 
+async def _runc_step_in_flight(
+    episode: Episode, stack_config: StackConfig, sandbox_id: str, index: int, command: str
+) -> asyncio.Task[StepResult]:
+    """Step `index` (`command`) running on the node now."""
+    step = asyncio.create_task(episode.exec(command))
+    marker = _journal(stack_config, sandbox_id) / f"{index}.started"
+    await eventually(marker.exists, what=f"step {index} started on the node")
+    return step
+
+
+async def _read_log(episode: Episode) -> bytes:
+    return await episode.read_file("/tmp/log")
+
+
+async def _log_is(episode: Episode, lines: bytes) -> bool:
+    return await _read_log(episode) == lines
+
+
 async def test_node_worker_killed_mid_step(
     corral: Corral, stack: Stack, stack_config: StackConfig
 ) -> None:
+    command = "sleep 5; echo {line} >> /tmp/log; echo out; echo err >&2; exit 3"
     episode, sandbox_id, long_step = await _long_step_in_flight(
-        corral, stack_config, "sleep 5; echo b >> /tmp/log; echo out; echo err >&2; exit 3"
+        corral, stack_config, command.format(line="b")
     )
     await _kill_and_restart(stack, f"node-worker-{NODE}")
-
-    # The restarted worker reattached to the step's exec (the shim outlived the
-    # worker): the real exit code and output, not an "interrupted".
     step = await long_step
-    assert (step.index, step.exit_code, step.interrupted) == (1, 3, "")
+    index, lines = 1, b"a\nb\n"
+    if stack_config.workers.exec_agent:
+        # Through the agent the call's result went to the dead worker: the step
+        # says so and is not run again; its command still ran, once, to its end.
+        assert step.index == 1 and "lost with its worker" in step.interrupted, step
+        await eventually(
+            lambda: _log_is(episode, lines), what="the interrupted command's line, once"
+        )
+        # The new worker reaches this sandbox by runc exec: kill it mid-step again.
+        index, lines = 2, lines + b"b2\n"
+        long_step = await _runc_step_in_flight(
+            episode, stack_config, sandbox_id, index, command.format(line="b2")
+        )
+        await _kill_and_restart(stack, f"node-worker-{NODE}")
+        step = await long_step
+
+    # The restarted worker reattached to the step's runc exec (the shim outlived
+    # the worker): the real exit code and output, not an "interrupted".
+    assert (step.index, step.exit_code, step.interrupted) == (index, 3, "")
     assert (step.stdout, step.stderr) == ("out\n", "err\n")
 
     assert (await episode.exec("echo c >> /tmp/log")).ok
     assert (await episode.status()).sandbox_id == sandbox_id
     # Nothing ran twice, nothing completed was lost.
-    assert await episode.read_file("/tmp/log") == b"a\nb\nc\n"
+    assert await _read_log(episode) == lines + b"c\n"
     final = await episode.finish()
     assert final.outcome == "completed"
-    assert [s.index for s in final.steps] == [0, 1, 2, 3]
-    assert final.reward is not None and final.reward.stdout == "a\nb\nc\n"
+    assert [s.index for s in final.steps] == list(range(index + 3))
+    assert final.reward is not None and final.reward.stdout == (lines + b"c\n").decode()
     assert not await sandbox_exists(stack_config, sandbox_id)
 
 
@@ -134,24 +174,42 @@ async def test_workflow_worker_killed_during_an_interactive_update(
     assert not await sandbox_exists(stack_config, sandbox_id)
 
 
-async def test_containerd_killed_mid_step_reports_interrupted(
-    corral: Corral, stack: Stack, stack_config: StackConfig
-) -> None:
-    episode, sandbox_id, long_step = await _long_step_in_flight(
-        corral, stack_config, "sleep 20; echo b >> /tmp/log"
-    )
+async def _kill_containerd_during(stack: Stack, step: asyncio.Task[StepResult]) -> StepResult:
+    """kill -9 node-1's containerd while `step` runs; its result, containerd back."""
     daemon = stack.daemon(NODE)
     pid = daemon.pid
     assert pid is not None, "containerd of node-1 is not running"
     os.kill(pid, signal.SIGKILL)
     try:
         assert wait_exit(pid, 10), "containerd survived SIGKILL"
-        step = await long_step
+        return await step
     finally:
         await daemon.start()  # the shims kept the sandbox; the new daemon adopts it
 
+
+async def test_containerd_killed_mid_step_reports_interrupted(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode, sandbox_id, long_step = await _long_step_in_flight(
+        corral, stack_config, "sleep 5; echo b >> /tmp/log"
+    )
+    index = 1
+    if stack_config.workers.exec_agent:
+        # A call through the agent needs no containerd: it finishes as if nothing happened.
+        step = await _kill_containerd_during(stack, long_step)
+        assert (step.index, step.exit_code, step.interrupted) == (1, 0, ""), step
+        assert await _read_log(episode) == b"a\nb\n"
+        # The runc path needs containerd: reach it through a new node worker
+        # (which holds no channel to this sandbox's agent) and kill containerd again.
+        await _kill_and_restart(stack, f"node-worker-{NODE}")
+        index = 2
+        long_step = await _runc_step_in_flight(
+            episode, stack_config, sandbox_id, index, "sleep 20; echo b2 >> /tmp/log"
+        )
+    step = await _kill_containerd_during(stack, long_step)
+
     # No bare exit code: the step says it was interrupted, and by what.
-    assert step.index == 1 and not step.ok
+    assert step.index == index and not step.ok
     assert "containerd is unavailable" in step.interrupted, step.interrupted
     assert step.stderr == f"corral: interrupted: {step.interrupted}"
 
@@ -160,5 +218,5 @@ async def test_containerd_killed_mid_step_reports_interrupted(
     assert (await episode.status()).sandbox_id == sandbox_id
     final = await episode.finish()
     assert final.outcome == "completed"
-    assert final.steps[1].interrupted == step.interrupted
+    assert final.steps[index].interrupted == step.interrupted
     assert not await sandbox_exists(stack_config, sandbox_id)

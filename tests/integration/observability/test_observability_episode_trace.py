@@ -27,8 +27,13 @@ EXPECTED_SPANS = {
     "RunActivity:corral.run_scripted",
     "corral.provision",
     "containerd/Tasks/Create",
-    "containerd/Tasks/Exec",
 }
+
+
+def _exec_span(config: StackConfig) -> str:
+    """The step's own span: a call through the exec agent (the default) is no
+    containerd RPC; with the agent off it is runc's exec."""
+    return "agent/run" if config.workers.exec_agent else "containerd/Tasks/Exec"
 
 
 def _ancestors(df: pl.DataFrame, span_id: str) -> list[str]:
@@ -41,7 +46,9 @@ def _ancestors(df: pl.DataFrame, span_id: str) -> list[str]:
     return chain
 
 
-async def _trace_of(config: StackConfig, workflow_id: str, timeout_s: float = 90) -> pl.DataFrame:
+async def _trace_of(
+    config: StackConfig, workflow_id: str, expected: set[str], timeout_s: float = 90
+) -> pl.DataFrame:
     """The episode's spans, once the workers' batch exporters have written them.
 
     Found by the workflow's own span (the workflow worker writes it to the
@@ -62,12 +69,12 @@ async def _trace_of(config: StackConfig, workflow_id: str, timeout_s: float = 90
         if len(runs):
             trace = df.filter(pl.col("trace_id") == runs["trace_id"][0])
             seen = set(trace["name"])
-            if seen >= EXPECTED_SPANS:
+            if seen >= expected:
                 return trace
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"no complete trace for {workflow_id} in {config.traces_file}: "
-                f"missing {sorted(EXPECTED_SPANS - seen)}"
+                f"missing {sorted(expected - seen)}"
             )
         await asyncio.sleep(0.5)
 
@@ -79,13 +86,14 @@ async def test_episode_trace_reaches_containerd(corral: Corral, stack_config: St
     )
     assert result.outcome == "completed"
     flush_tracing()
-    trace = await _trace_of(stack_config, episode_id)
-    assert set(trace["name"]) >= EXPECTED_SPANS
+    exec_span = _exec_span(stack_config)
+    trace = await _trace_of(stack_config, episode_id, EXPECTED_SPANS | {exec_span})
+    assert set(trace["name"]) >= EXPECTED_SPANS | {exec_span}
     by_name = {row["name"]: row for row in trace.iter_rows(named=True)}
     create_chain = _ancestors(trace, by_name["containerd/Tasks/Create"]["span_id"])
     assert create_chain[:2] == ["corral.provision", "RunActivity:corral.run_scripted"]
     assert "StartActivity:corral.run_scripted" in create_chain  # scheduled by the workflow
-    exec_chain = _ancestors(trace, by_name["containerd/Tasks/Exec"]["span_id"])
+    exec_chain = _ancestors(trace, by_name[exec_span]["span_id"])
     assert "RunActivity:corral.run_scripted" in exec_chain
     provision = json.loads(by_name["corral.provision"]["attributes"])
     assert provision["corral.workflow_id"] == episode_id

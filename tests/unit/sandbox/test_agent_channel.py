@@ -98,8 +98,9 @@ def test_with_the_agent_it_is_pid_1_mounted_read_only_and_without_it_nothing_cha
     assert INIT_PATH not in [m["destination"] for m in on["mounts"]]
 
 
-def test_the_agent_is_off_by_default_and_turned_on_by_config_or_env() -> None:
+def test_the_agent_is_on_by_default_and_turned_off_by_config_or_env() -> None:
     from workers.config import load_config
 
-    assert load_config(env={}).workers.exec_agent is False
+    assert load_config(env={}).workers.exec_agent is True
+    assert load_config(env={"CORRAL_EXEC_AGENT": "0"}).workers.exec_agent is False
     assert load_config(env={"CORRAL_EXEC_AGENT": "1"}).workers.exec_agent is True

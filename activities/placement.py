@@ -17,7 +17,7 @@ import contextlib
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from temporalio import activity
@@ -202,10 +202,12 @@ class FleetActivities:
         nodes: Callable[[], list[NodeInfo]],
         temporal: Client | None = None,
         *,
+        nodes_when_empty: Callable[[], Awaitable[list[NodeInfo]]] | None = None,
         records: RecordWriter | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._nodes = nodes
+        self._nodes_when_empty = nodes_when_empty
         self._temporal = temporal
         self._records = records
         self._metrics = metrics
@@ -215,6 +217,10 @@ class FleetActivities:
 
     @activity.defn(name="corral.place")
     async def place(self, request: PlaceInput) -> Placement:
+        if not self._nodes() and self._nodes_when_empty is not None:
+            # A cold view (the worker just started, the fleet just joined) is no
+            # reason to put a burst in line: read the registry now.
+            await self._nodes_when_empty()
         return self.place_in_order(activity.info().workflow_id or "", request)
 
     def place_in_order(self, waiter: str, request: PlaceInput) -> Placement:

@@ -31,12 +31,24 @@ class NodeDirectory:
         self._nodes: list[NodeInfo] = []
         self._shards: list[list[NodeInfo]] = [[] for _ in range(REGISTRY_SHARDS)]
         self._refreshes = 0
+        self._cold = asyncio.Lock()
 
     def nodes(self) -> list[NodeInfo]:
         return self._nodes
 
-    async def refresh(self) -> None:
-        everything = self._refreshes % EMPTY_SHARDS_EVERY == 0
+    async def nodes_when_empty(self) -> list[NodeInfo]:
+        """The nodes, asking every shard first if the view holds none: a node that
+        joined just before a burst (right after `corral up`) is placed on at once
+        instead of after the next background refresh, and a burst's placements
+        share that one refresh."""
+        async with self._cold:
+            if not self._nodes:
+                with contextlib.suppress(Exception):  # the background loop says why
+                    await self.refresh(everything=True)
+        return self._nodes
+
+    async def refresh(self, everything: bool = False) -> None:
+        everything = everything or self._refreshes % EMPTY_SHARDS_EVERY == 0
         self._refreshes += 1
         asked = [k for k in range(REGISTRY_SHARDS) if everything or self._shards[k]]
         answers = await asyncio.gather(

@@ -45,7 +45,13 @@ async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:
     client = await connect(config, runtime=runtime)
     directory = NodeDirectory(client)
     records = RecordWriter(config.records_dir)
-    fleet = FleetActivities(directory.nodes, client, records=records, metrics=metrics)
+    fleet = FleetActivities(
+        directory.nodes,
+        client,
+        nodes_when_empty=directory.nodes_when_empty,
+        records=records,
+        metrics=metrics,
+    )
     worker = Worker(
         client,
         task_queue=config.workers.workflow_task_queue,

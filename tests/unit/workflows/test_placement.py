@@ -6,6 +6,8 @@ import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+from temporalio.testing import ActivityEnvironment
+
 from activities.models import (
     NodeCapacity,
     NodeHeartbeat,
@@ -130,6 +132,25 @@ def test_a_silent_node_gets_no_episode_before_it_is_marked_lost() -> None:
     )
     placement = choose_node([silent], _request(), Reservations(), random.Random(2))
     assert placement.node is None and "quiet silent" in placement.reason
+
+
+async def test_a_cold_view_reads_the_registry_before_anyone_waits() -> None:
+    """Right after `corral up` the workflow worker's view may not hold the node
+    that just joined: placement reads the registry then, instead of putting the
+    first episodes of a burst in line (and every later one behind them)."""
+    node, view = _node("n"), list[NodeInfo]()
+    reads = 0
+
+    async def read_registry() -> list[NodeInfo]:
+        nonlocal reads
+        reads += 1
+        view.append(node)
+        return view
+
+    fleet = FleetActivities(lambda: view, nodes_when_empty=read_registry)
+    first = await ActivityEnvironment().run(fleet.place, _request())
+    second = await ActivityEnvironment().run(fleet.place, _request())
+    assert (first.node, second.node, reads) == ("n", "n", 1)
 
 
 def _fleet(node: NodeInfo) -> FleetActivities:

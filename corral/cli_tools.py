@@ -174,7 +174,7 @@ async def bench(
     as_json: bool,
 ) -> None:
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
-    from corral.bench import describe, run_bench, run_density
+    from corral.bench.core import describe, run_bench, run_density
 
     if density is not None:
         held = await _with_progress(
@@ -261,7 +261,7 @@ def _show(
 
 
 async def _bench_burst(ctx: Context, width: int, calls: int, as_json: bool) -> None:
-    from corral.bench_burst import describe, run_burst
+    from corral.bench.burst import describe, run_burst
 
     report = await _with_progress(
         "bench --burst",
@@ -272,7 +272,7 @@ async def _bench_burst(ctx: Context, width: int, calls: int, as_json: bool) -> N
 
 
 async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:
-    from corral.bench_sensor import describe, run_sensor
+    from corral.bench.sensor import describe, run_sensor
 
     rounds = 3
     report = await _with_progress(
@@ -284,7 +284,7 @@ async def _bench_sensor(ctx: Context, n: int, as_json: bool) -> None:
 
 
 async def _bench_watermark(ctx: Context, n: int, concurrency: int, as_json: bool) -> None:
-    from corral.bench_watermark import describe, run_watermark
+    from corral.bench.watermark import describe, run_watermark
 
     report = await _with_progress(
         "bench --sensor --watermark",
@@ -295,7 +295,7 @@ async def _bench_watermark(ctx: Context, n: int, concurrency: int, as_json: bool
 
 
 async def _bench_drill(ctx: Context, as_json: bool) -> None:
-    from corral.bench_drill import describe, drill_total, run_drill
+    from corral.bench.drill import describe, drill_total, run_drill
 
     def say(message: str) -> None:
         console.print(message, markup=False)  # stderr: --json's stdout stays clean
@@ -309,7 +309,7 @@ async def _bench_drill(ctx: Context, as_json: bool) -> None:
 
 
 async def _bench_peers(ctx: Context, n: int, concurrency: int, exec_n: int, as_json: bool) -> None:
-    from corral.bench_peers import describe_peers, run_peers
+    from corral.bench.peers import describe_peers, run_peers
 
     report = await _with_progress(
         "bench --peers",
@@ -320,7 +320,7 @@ async def _bench_peers(ctx: Context, n: int, concurrency: int, exec_n: int, as_j
 
 
 async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_json: bool) -> None:
-    from corral.bench_elastic import run_elastic
+    from corral.bench.elastic import run_elastic
 
     report = await _with_progress(
         "idle sandboxes",
@@ -331,7 +331,7 @@ async def _bench_elastic(ctx: Context, idle: int, busy: int, spinning: int, as_j
 
 
 async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> None:
-    from corral.bench_defense import DENSITY_ORDER, VARIANTS, run_defense
+    from corral.bench.defense import DENSITY_ORDER, VARIANTS, run_defense
 
     report = await _with_progress(
         "bench --defense",
@@ -342,7 +342,7 @@ async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> N
 
 
 async def _bench_fork(ctx: Context, rounds: int, data_mb: int, as_json: bool) -> None:
-    from corral.bench_fork import run_fork
+    from corral.bench.fork import run_fork
 
     report = await _with_progress(
         "fork rounds",
@@ -353,7 +353,7 @@ async def _bench_fork(ctx: Context, rounds: int, data_mb: int, as_json: bool) ->
 
 
 async def _bench_steps(ctx: Context, sandboxes: int, calls: int, as_json: bool) -> None:
-    from corral.bench_steps import describe, run_steps
+    from corral.bench.steps import describe, run_steps
 
     report = await _with_progress(
         "bench --steps",

@@ -11,7 +11,7 @@ APT_PACKAGES=(
   btrfs-progs gcc libc6-dev golang-go
   clang llvm libbpf-dev libelf-dev zlib1g-dev bpftool make
   chromium prometheus nginx-light
-  docker.io  # a peer for `corral bench` (corral/bench_engines.py runs its own private dockerd)
+  docker.io  # a peer for `corral bench` (corral/bench/engines.py runs its own private dockerd)
   podman  # a peer for `corral bench --peers` (daemonless; the bench gives it storage of its own)
 )
 PYTHON=${PYTHON:-python3.11}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from corral.bench_steps import NAMESPACE, run_steps
+from corral.bench.steps import NAMESPACE, run_steps
 from sandbox.client import Containerd
 from workers.config import StackConfig
 from workers.stack import Stack

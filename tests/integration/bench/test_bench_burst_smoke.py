@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from corral.bench_burst import describe, run_burst
+from corral.bench.burst import describe, run_burst
 from workers.config import StackConfig
 from workers.stack import Stack
 

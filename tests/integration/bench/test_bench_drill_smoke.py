@@ -14,8 +14,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from corral.bench_drill import DrillReport, describe, run_drill
-from corral.drill_cases import case_named
+from corral.bench.drill import DrillReport, describe, run_drill
+from corral.bench.drill_cases import case_named
 from tests.integration.conftest import sandboxes_left, wait_for
 from workers.stack import Stack
 

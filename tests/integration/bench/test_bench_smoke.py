@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from corral.bench import SPACED_SERIES, Series
-from corral.bench_peers import DOCKER_PEER, PODMAN_PEER, PeersReport, describe_peers, run_peers
+from corral.bench.core import SPACED_SERIES, Series
+from corral.bench.peers import DOCKER_PEER, PODMAN_PEER, PeersReport, describe_peers, run_peers
 from sandbox import Containerd
 from tests.integration.conftest import wait_for
 from workers.config import StackConfig

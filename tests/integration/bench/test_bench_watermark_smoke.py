@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.bench_watermark import describe, run_watermark
+from corral.bench.watermark import describe, run_watermark
 from workers.stack import Stack
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""End to end: every misbehaviour of corral/drill_cases.py on every episode path,
+"""End to end: every misbehaviour of corral/bench/drill_cases.py on every episode path,
 on a stack with the warm pool on (conftest.py), through the real sensors, the
 intake and the episode workflow.
 
@@ -7,7 +7,7 @@ Each (case, path) asserts the rule of the alert, the process it names
 quarantined or notified, per policies/responses.yaml). The benign corpus
 raises nothing at Error or Critical on any path. The episodes of one path run
 once for all of its tests (`path_runs`), a few at a time, by the same code as
-`corral bench --sensor --drill` (corral/bench_drill.py).
+`corral bench --sensor --drill` (corral/bench/drill.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from corral.bench_drill import BENIGN_JOB, Drill, Job, RunRecord, benign_job
-from corral.drill_cases import CASES, PATHS, Case, runnable_cases
+from corral.bench.drill import BENIGN_JOB, Drill, Job, RunRecord, benign_job
+from corral.bench.drill_cases import CASES, PATHS, Case, runnable_cases
 from corral.sdk import Corral
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.bench_defense import DENSITY_ORDER, VARIANTS, measure_defense
+from corral.bench.defense import DENSITY_ORDER, VARIANTS, measure_defense
 from sandbox.client import Containerd
 from sandbox.models import ImageInfo
 

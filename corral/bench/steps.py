@@ -15,7 +15,7 @@ hi`. Every side runs the same work on the same machine in the same run:
 - `ctr`: `ctr task exec` on N runc sandboxes of the same busybox image, on the
   same containerd (ctr is a peer here only; the product never uses it).
 - `docker`: `docker exec` on N busybox containers; the engine and its image
-  come from corral/bench_engines.py (a private dockerd when none answers, the
+  come from corral/bench/engines.py (a private dockerd when none answers, the
   same busybox rootfs Corral builds). Skipped, with the reason, when docker
   is not installed.
 
@@ -38,9 +38,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from corral.bench import _percentile, _ratio
-from corral.bench_engines import PEER_IMAGE, EngineUnavailable, docker_engine
-from corral.bench_peers import CpuMeter, _busy_cpu_s
+from corral.bench.core import _percentile, _ratio
+from corral.bench.engines import PEER_IMAGE, EngineUnavailable, docker_engine
+from corral.bench.peers import CpuMeter, _busy_cpu_s
 from corral.sdk import Corral, Episode
 from sandbox.agent import agent_binary
 from sandbox.client import Containerd

@@ -1,6 +1,6 @@
 """`corral bench --sensor --drill`: every misbehaviour on every path, end to end.
 
-Each case of `corral/drill_cases.py` runs in an episode made the way the path
+Each case of `corral/bench/drill_cases.py` runs in an episode made the way the path
 says (cold or warm, interactive or scripted, lean or step by step, a fork, a
 snapshot's image, a hibernated and woken episode, a `run_group` rollout, a
 batch), on the running stack; so does the benign corpus. A case is caught
@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corral.drill_cases import (
+from corral.bench.drill_cases import (
     BENIGN,
     BENIGN_BAD_PRIORITIES,
     PATHS,

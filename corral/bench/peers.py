@@ -2,10 +2,10 @@
 
 Each peer runs the same job as a one-step episode: create a busybox
 container, run `echo hi`, remove it. docker and podman are brought by the
-bench (corral/bench_engines.py: a private dockerd when none answers, podman
+bench (corral/bench/engines.py: a private dockerd when none answers, podman
 on storage of its own, busybox imported from Corral's rootfs); a peer that is
 not installed, or whose engine cannot be had, is skipped with the reason. The
-Corral series come from `corral.bench.run_bench` in the same run, twice: with
+Corral series come from `corral.bench.core.run_bench` in the same run, twice: with
 the warm pool serving the episodes, and with a spec shape the pool does not
 serve (the cold path). CPU per episode is read from /proc around the cold
 and warm episode series, split by process.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from corral.bench import SPACED_SERIES, BenchReport, Series, _measure, _ratio, run_bench
-from corral.bench_engines import (
+from corral.bench.core import SPACED_SERIES, BenchReport, Series, _measure, _ratio, run_bench
+from corral.bench.engines import (
     PEER_IMAGE,
     Engine,
     EngineUnavailable,
@@ -136,7 +136,7 @@ async def _engine_peer(
     tick: Callable[[], None],
 ) -> PeerResult:
     """`<engine> run --rm --network none busybox echo hi` on an engine the bench brings
-    (corral/bench_engines.py: a private dockerd, podman on storage of its own)."""
+    (corral/bench/engines.py: a private dockerd, podman on storage of its own)."""
     try:
         engine = await bring(config.state)
     except EngineUnavailable as err:
@@ -316,7 +316,7 @@ async def run_peers(
 
 
 def describe_peers(report: PeersReport) -> list[str]:
-    from corral.bench import describe
+    from corral.bench.core import describe
 
     lines = ["== warm pool serving the episodes", *describe(report.corral)]
     lines += ["== cold path (a shape the pool does not serve)", *describe(report.corral_cold)]

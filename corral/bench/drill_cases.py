@@ -2,7 +2,7 @@
 the benign work it does all day, and the paths an episode can take.
 
 Shared by the end-to-end detection suite (`tests/integration/detection/`) and
-`corral bench --sensor --drill` (`corral/bench_drill.py`). Every case runs in
+`corral bench --sensor --drill` (`corral/bench/drill.py`). Every case runs in
 the stack's default busybox image under ``/bin/sh -c``. The expected rule is
 one of `policies/rules/corral_rules.yaml`, the expected end state what
 `policies/responses.yaml` does with it (Critical: killed; Error or the

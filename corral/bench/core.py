@@ -20,7 +20,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from activities.pool import WarmPool, pool_template
-from corral.bench_elastic import RatePoint, create_idle, destroy_all
+from corral.bench.elastic import RatePoint, create_idle, destroy_all
 from corral.sdk import Corral
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from workers.config import StackConfig
@@ -28,7 +28,7 @@ from workflows.models import EpisodeSpec, Resources, Step
 
 
 class EpisodeMeter(Protocol):
-    """Brackets the episode series (CPU accounting in `corral.bench_peers`)."""
+    """Brackets the episode series (CPU accounting in `corral.bench.peers`)."""
 
     def start(self) -> None: ...
 

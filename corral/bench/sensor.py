@@ -45,7 +45,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corral.bench_peers import _process_cpu_s
+from corral.bench.peers import _process_cpu_s
 from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry

@@ -5,7 +5,7 @@ as long as the slowest one, so the start p99 is what a trainer pays. Each
 rollout here is an interactive busybox episode that makes C tool calls
 (`echo`), one at a time, then finishes. Beside it, in the same run, the same
 work with `docker run -d` / `docker exec` / `docker rm -f` (docker brought by
-corral/bench_engines.py). Both sides keep at most `in_flight` requests open
+corral/bench/engines.py). Both sides keep at most `in_flight` requests open
 at once, as a trainer's client does. A benchmark, not a test: it asserts
 nothing, and a rollout that fails is counted, not raised.
 """
@@ -22,7 +22,7 @@ from typing import Protocol
 from pydantic import BaseModel
 from temporalio.service import RPCError
 
-from corral.bench_engines import Engine, EngineUnavailable, docker_engine
+from corral.bench.engines import Engine, EngineUnavailable, docker_engine
 from corral.sdk import Corral, Episode
 from sandbox.errors import CorralError
 from workers.config import StackConfig

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corral.bench import _memory_used_mb, _percentile, _ratio
-from corral.bench_elastic import destroy_all
+from corral.bench.core import _memory_used_mb, _percentile, _ratio
+from corral.bench.elastic import destroy_all
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from sandbox.spec import cgroups_path
 from workers.config import StackConfig

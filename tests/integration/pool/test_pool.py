@@ -117,6 +117,7 @@ async def test_the_pool_grows_to_the_asking_and_shrinks_back(
 ) -> None:
     monkeypatch.setattr("activities.pool.CLAIM_WINDOW_S", 3.0)
     monkeypatch.setattr("activities.pool.SHRINK_CHECK_S", 0.5)
+    monkeypatch.setattr("activities.pool.ASKING_PAUSE_S", 0.2)
     pool = WarmPool(containerd, "pool-growth", {"busybox": 1})
     template = pool_template("busybox")
     await pool.start()

@@ -17,7 +17,7 @@ from activities.capacity import (
     room_for,
 )
 from activities.models import NodeCapacity, NodeUsage
-from activities.pool import largest_burst
+from activities.pool import asking_paused, largest_burst
 
 CAPACITY = NodeCapacity(cores=2, memory_mb=1000, pids=10_000, max_sandboxes=5000)
 
@@ -122,3 +122,11 @@ def test_the_largest_burst_is_the_most_asks_within_the_span() -> None:
     assert largest_burst(times, 10.0) == 4  # 30 .. 32
     assert largest_burst(deque([5.0 * i for i in range(20)]), 4.0) == 1  # a steady trickle
     assert largest_burst(deque(), 10.0) == 0
+
+
+def test_the_pool_grows_only_once_the_asking_pauses() -> None:
+    """Growth is for the next burst: it waits until this one stops asking."""
+    asked = deque([100.0, 100.5, 101.0])
+    assert not asking_paused(asked, now=102.0, pause_s=2.0)  # the burst still asks
+    assert asking_paused(asked, now=103.0, pause_s=2.0)
+    assert asking_paused(deque(), now=0.0, pause_s=2.0)  # nobody asked: nothing to wait for

@@ -34,6 +34,7 @@ UNSHARE = "Unshare in sandbox"
 KERNEL_WRITE = "Write to kernel interface from sandbox"
 PTRACE_ATTACH = "PTRACE attach in sandbox"
 TOOL_TAMPER = "Tamper with Corral tools in sandbox"
+PID1_SIGNAL = "Signal Corral's PID 1 in sandbox"
 
 # Denied by Corral's seccomp profile before the syscall tracepoints run: seen
 # only through the raw sys_exit program (policies/sensor/bpf).
@@ -183,6 +184,15 @@ CASES: tuple[Case, ...] = (
         # /.corral/init is a read-only bind mount: the write fails, the attempt is the signal.
         "echo x > /.corral/init 2>/dev/null; true",
         TOOL_TAMPER,
+        "sh",
+        "killed",
+    ),
+    Case(
+        "signal-pid-1",
+        # Signal 0 probes without delivering anything: the sandbox lives on
+        # whatever the response, and the kill(1, ...) is the signal.
+        "kill -0 1; true",
+        PID1_SIGNAL,
         "sh",
         "killed",
     ),

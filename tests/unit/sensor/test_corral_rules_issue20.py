@@ -91,3 +91,19 @@ def test_an_attempt_on_corrals_tools_is_tampering(engine: RuleEngine) -> None:
                  args={"name": "/.corral/init", "flags": 0},
                  fd=FdInfo(num=3, type="file", name="/.corral/init", flags=0))  # fmt: skip
     assert rules(engine, read) == []
+
+
+def test_a_signal_to_corrals_pid_1_is_tampering(engine: RuleEngine) -> None:
+    """PID 1 is Corral's (the exec agent): a signal to it from inside, even signal
+    0's probe, is an attempt on the runtime's own process (issue 21)."""
+    sh = Process(pid=800, vpid=6, name="sh", parent=RUNC)
+
+    def kill(proc: Process, pid: int, sig: int) -> Event:
+        return Event(type="kill", res=0, proc=proc, container=BOX, num=1,
+                     args={"pid": pid, "sig": sig})  # fmt: skip
+
+    assert rules(engine, kill(sh, 1, 0)) == ["Signal Corral's PID 1 in sandbox"]
+    assert rules(engine, kill(sh, 1, 15)) == ["Signal Corral's PID 1 in sandbox"]
+    assert rules(engine, kill(sh, 7, 15)) == []  # the agent's own processes: fine
+    agent = Process(pid=700, vpid=1, name="agent")
+    assert rules(engine, kill(agent, 1, 0)) == []  # PID 1 itself

@@ -138,6 +138,9 @@ class EpisodeSpec(_Spec):
     runtime: str = "runc"
     # False (root in the sandbox is root on the host) only where the tenant allows it.
     user_namespace: bool = True
+    # The exec agent as PID 1 (docs/agent.md): None follows the node
+    # (workers.exec_agent, on by default); False runs every call through runc exec.
+    exec_agent: bool | None = None
     output_limit_bytes: int = Field(default=65536, ge=1024, le=16 * 1024 * 1024)
     # A step lost with its sandbox or node may run again (once) when True.
     idempotent_steps: bool = False

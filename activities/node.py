@@ -113,6 +113,7 @@ def sandbox_spec_for(spec: EpisodeSpec, labels: dict[str, str]) -> SandboxSpec:
             egress_mbit=spec.network.egress_mbit,
             user_namespace=spec.user_namespace,
             userns_range=range_for_tenant(spec.tenant),
+            exec_agent=spec.exec_agent,
         )
     except ValueError as err:
         raise _app_error_from_message("InvalidSpec", f"invalid episode spec: {err}") from err

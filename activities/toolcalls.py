@@ -327,12 +327,12 @@ class ToolCallActivities:
 
     async def _channel(self, sandbox_id: str) -> AgentChannel:
         sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
-        channel = sandbox.agent()
+        channel = await sandbox.agent_channel()
         if channel is None:
             raise ApplicationError(
                 f"sandbox {sandbox_id} has no exec agent channel on node {self.node}: sessions "
-                "and jobs need the agent's channel, which only the worker that made the sandbox "
-                "holds (workers.exec_agent on, and no node worker restart since)",
+                "and jobs need workers.exec_agent on when it was made (or its agent did not answer "
+                "when this worker attached to it: see the node worker's log)",
                 type="AgentUnavailable",
                 non_retryable=True,
             )

@@ -11,10 +11,11 @@ the agent's framed protocol over them, many calls at once:
     then the raw data.
 
 The FIFOs are made (and opened) before the task is created; the channel is
-kept per sandbox in this process (``channel_for``). The shim closes the agent's
-stdin once every writer of the stdin FIFO is gone, so a channel does not
-survive the process that opened it: a new process finds no channel and uses
-runc exec as before (``Sandbox`` falls back on its own).
+kept per sandbox in this process (``channel_for``). The shim keeps a writer of
+the stdin FIFO and a reader of the stdout FIFO of its own, so the agent outlives
+the process that made its channel: a later process (a node worker after a
+crash) attaches to the same FIFOs (``AgentChannel.attach``), skips what the
+old reader left half-read, and numbers its calls away from the old ones.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import errno
 import hashlib
 import json
 import os
+import random
 import shutil
 import stat
 import struct
@@ -87,10 +89,16 @@ class Frame:
 
 
 class FrameDecoder:
-    """Bytes in (any split), whole frames out."""
+    """Bytes in (any split), whole frames out.
 
-    def __init__(self) -> None:
+    With ``resync`` (a channel attached to a running agent, whose earlier reader
+    may have stopped mid-frame) bytes before the first valid header are skipped;
+    after that frame, a bad header ends the stream as usual."""
+
+    def __init__(self, resync: bool = False) -> None:
         self._buf = bytearray()
+        self._resync = resync
+        self.skipped = 0  # bytes dropped while resynchronising
 
     def feed(self, chunk: bytes) -> list[Frame]:
         self._buf += chunk
@@ -98,6 +106,9 @@ class FrameDecoder:
         while len(self._buf) >= HEADER.size:
             magic, call_id, meta_len, data_len, crc = HEADER.unpack_from(self._buf)
             if magic != MAGIC or zlib.crc32(bytes(self._buf[:16])) != crc:
+                if self._resync:
+                    self._skip_to_next_magic()
+                    continue
                 raise AgentProtocolError(f"bad frame header {bytes(self._buf[: HEADER.size])!r}")
             if meta_len > MAX_META or data_len > MAX_DATA:
                 raise AgentProtocolError(f"frame too large: meta {meta_len}, data {data_len}")
@@ -111,7 +122,14 @@ class FrameDecoder:
                 raise AgentProtocolError(f"frame meta is not JSON: {err}") from err
             frames.append(Frame(call_id, meta, bytes(self._buf[meta_end:end])))
             del self._buf[:end]
+            self._resync = False
         return frames
+
+    def _skip_to_next_magic(self) -> None:
+        found = self._buf.find(MAGIC, 1)
+        drop = found if found > 0 else max(1, len(self._buf) - len(MAGIC) + 1)
+        del self._buf[:drop]
+        self.skipped += drop
 
 
 # -- results -----------------------------------------------------------------------
@@ -150,16 +168,18 @@ class JobOutput:
 class AgentChannel:
     """One sandbox's channel: the host ends of the agent's stdin and stdout FIFOs."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, attached: bool = False) -> None:
         self.dir = directory
         self.stdin_path = str(directory / "in")
         self.stdout_path = str(directory / "out")
         self._in_fd = -1
         self._out_fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._decoder = FrameDecoder()
+        self._decoder = FrameDecoder(resync=attached)
         self._calls: dict[int, asyncio.Queue[Frame | BaseException]] = {}
-        self._next_id = 0
+        # An attached channel may still receive the old process's replies (its
+        # calls were numbered from 1): start far from them.
+        self._next_id = random.randrange(1 << 30, 1 << 31) if attached else 0
         self._write_lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self.closed: BaseException | None = None
@@ -176,6 +196,25 @@ class AgentChannel:
         channel._out_fd = os.open(channel.stdout_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         # Read-write: opening never blocks, and the host holds the writer the shim waits for.
         channel._in_fd = os.open(channel.stdin_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        return channel
+
+    @classmethod
+    def attach(cls, directory: Path) -> AgentChannel | None:
+        """The host's ends of a running agent's FIFOs, opened again by another
+        process than the one that made them; None when they are not there."""
+        channel = cls(directory, attached=True)
+        try:
+            if not all(
+                stat.S_ISFIFO(os.stat(p).st_mode) for p in (channel.stdin_path, channel.stdout_path)
+            ):
+                return None
+            channel._out_fd = os.open(
+                channel.stdout_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+            )
+            channel._in_fd = os.open(channel.stdin_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            channel.close()
+            return None
         return channel
 
     @property

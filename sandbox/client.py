@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -65,7 +66,10 @@ IMAGE_LABEL = "corral.image"
 RUNTIME_LABEL = "corral.runtime"
 NETWORK_LABEL = "corral.network"
 ALIVE = {task_pb2.RUNNING, task_pb2.PAUSED, task_pb2.PAUSING}
+log = logging.getLogger(__name__)
 AGENT_HELLO_TIMEOUT_S = 10.0
+# An agent already running answers at once; one that does not is not waited for long.
+AGENT_ATTACH_TIMEOUT_S = 3.0
 
 Undo = Callable[[], Awaitable[Any]]
 
@@ -97,6 +101,8 @@ class Containerd:
         self.network_state_dir = Path(network_state_dir or socket_dir.parent / "network")
         self.workspace_root = Path(workspace_root or socket_dir / "workspaces")
         self.agent_dir = socket_dir / "agent"  # the agents' channel FIFOs, one dir a sandbox
+        self._attaching = asyncio.Lock()
+        self._unattachable: set[str] = set()  # agents that did not answer an attach
         # containerd's root dir in that layout: the snapshotter's quota filesystem is there.
         self._containerd_root = socket_dir / "root"
         # The snapshotter's filesystem, read once: /proc/self/mountinfo grows with
@@ -189,7 +195,7 @@ class Containerd:
         """Create and start a sandbox; return the existing one if it is already alive."""
         validate_sandbox_id(sandbox_id)
         _check_host_support(spec)
-        if self.exec_agent and not agent.agent_binary().is_file():
+        if self._agent_for(spec) and not agent.agent_binary().is_file():
             raise InvalidSpec(
                 f"exec agent is on but {agent.agent_binary()} is missing: run scripts/setup.sh"
             )
@@ -209,7 +215,7 @@ class Containerd:
                 RUNTIME_LABEL: spec.runtime,
                 NETWORK_LABEL: spec.network,
             }
-            if self.exec_agent:
+            if self._agent_for(spec):
                 all_labels[agent.AGENT_LABEL] = "1"
             groups = self._shim_groups
             if groups is not None and spec.shim_group is None:
@@ -543,11 +549,42 @@ class Containerd:
         removed = await self._remove_snapshot(sandbox_id) or removed
         removed = await volumes.remove_workspace(self.workspace_root, sandbox_id) or removed
         agent.forget(self.agent_dir / sandbox_id)
+        self._unattachable.discard(sandbox_id)
         return removed
+
+    def _agent_for(self, spec: SandboxSpec) -> bool:
+        """Whether a new sandbox gets the exec agent: its spec's say, else the client's."""
+        return self.exec_agent if spec.exec_agent is None else spec.exec_agent
 
     def agent_channel(self, sandbox_id: str) -> agent.AgentChannel | None:
         """The live exec-agent channel of a sandbox made by this process, or None."""
         return agent.channel_for(self.agent_dir / sandbox_id)
+
+    async def attach_agent(self, sandbox_id: str) -> agent.AgentChannel | None:
+        """The channel of a sandbox whose agent another process started (a node
+        worker before a crash, a restart): its FIFOs opened again and the agent
+        asked `hello`. None when there is none to attach to or it does not
+        answer (then calls go through runc exec, and it is not asked again)."""
+        async with self._attaching:
+            channel = self.agent_channel(sandbox_id)
+            if channel is not None or sandbox_id in self._unattachable:
+                return channel
+            channel = agent.AgentChannel.attach(self.agent_dir / sandbox_id)
+            if channel is None:
+                self._unattachable.add(sandbox_id)
+                return None
+            channel.start()
+            try:
+                await _agent_hello(sandbox_id, channel, AGENT_ATTACH_TIMEOUT_S)
+            except (SandboxError, OSError) as err:
+                # E.g. the old process died mid-frame on the agent's stdin: the agent
+                # stopped reading at the bad frame. Its sandbox still runs; runc exec it is.
+                log.warning("exec agent of %s not attached: %s", sandbox_id, err)
+                channel.close()
+                self._unattachable.add(sandbox_id)
+                return None
+            agent.register(channel)
+            return channel
 
     async def _kill_and_delete_task(self, sandbox_id: str) -> bool:
         # First, around the shim: a `runc exec` frozen mid-start blocks it (its
@@ -859,10 +896,12 @@ async def _forget_agent(channel_dir: Path) -> None:
     agent.forget(channel_dir)
 
 
-async def _agent_hello(sandbox_id: str, channel: agent.AgentChannel) -> None:
+async def _agent_hello(
+    sandbox_id: str, channel: agent.AgentChannel, timeout_s: float = AGENT_HELLO_TIMEOUT_S
+) -> None:
     """The agent answers on its channel, or the sandbox did not start."""
     try:
-        reply = await asyncio.wait_for(channel.hello(), AGENT_HELLO_TIMEOUT_S)
+        reply = await asyncio.wait_for(channel.hello(), timeout_s)
     except TimeoutError as err:
         raise SandboxError(f"the exec agent of {sandbox_id!r} did not answer") from err
     if reply.get("version") != agent.PROTOCOL_VERSION:

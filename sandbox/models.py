@@ -115,6 +115,9 @@ class SandboxSpec(BaseModel):
     # read-only) runs `command`; catatonit never wakes while idle, tini every second.
     # "none": `command` itself is PID 1 (orphaned zombies then pile up against pids_limit).
     init: Literal["catatonit", "tini", "none"] = "catatonit"
+    # The exec agent as PID 1 in place of `init` (sandbox/agent.py); None: the
+    # client's default (Containerd(exec_agent=...)).
+    exec_agent: bool | None = None
     runtime: str = "runc"
     shim_group: str | None = None
     command: list[str] = Field(default_factory=lambda: ["sleep", "2147483647"], min_length=1)

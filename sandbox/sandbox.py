@@ -248,17 +248,27 @@ class Sandbox:
     # -- the exec agent (sandbox/agent.py) --------------------------------------
     def agent(self) -> AgentChannel | None:
         """The exec agent's channel when the agent is this sandbox's PID 1 and this
-        process made it; None otherwise (then execs go through runc)."""
+        process holds it (made or attached it); None otherwise."""
         from sandbox.agent import AGENT_LABEL
 
         if AGENT_LABEL not in self.labels:
             return None
         return self._client.agent_channel(self.id)
 
+    async def agent_channel(self) -> AgentChannel | None:
+        """`agent()`, or else the channel attached again when another process
+        started this sandbox's agent (a node worker before a restart)."""
+        from sandbox.agent import AGENT_LABEL
+
+        channel = self.agent()
+        if channel is None and AGENT_LABEL in self.labels:
+            channel = await self._client.attach_agent(self.id)
+        return channel
+
     async def _agent_for(self, user: str | None) -> AgentChannel | None:
         """The channel for a call, or None for runc exec (another user: the agent
         runs everything as the sandbox's user). A paused sandbox refuses, as runc does."""
-        channel = self.agent() if user is None else None
+        channel = await self.agent_channel() if user is None else None
         if channel is not None and await self._is_paused():
             raise SandboxPaused(f"exec in sandbox {self.id!r}: sandbox is paused; resume it first")
         return channel

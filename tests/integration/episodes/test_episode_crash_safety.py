@@ -2,11 +2,13 @@
 completed step is lost or run twice (each step appends a line to a file, which
 is read back at the end).
 
-A step runs through the exec agent by default (docs/agent.md) and through runc
-exec once the node worker that made the sandbox is gone (the new worker holds
-no channel to its agent), so each test crosses both: a call through the agent
-that loses its worker is `interrupted` and never run again; a runc exec outlives
-its worker and is reattached; a call through the agent does not need containerd.
+Each crash is tried on both ways a call runs: through the exec agent (the
+default, docs/agent.md), where a call cut off by its worker is `interrupted`,
+never run again, and the new worker attaches to the same agent (sessions go
+on); and through runc exec (`exec_agent: false` in the spec), whose durable
+exec outlives its worker and is reattached with its real exit code, and which
+is `interrupted` when containerd dies under it (a call through the agent does
+not need containerd).
 
 These tests kill and restart the session stack's own worker processes, by the
 pid files the stack keeps; they pin their episodes to node-1.
@@ -54,28 +56,29 @@ def _journal(stack_config: StackConfig, sandbox_id: str) -> Path:
 
 
 async def _long_step_in_flight(
-    corral: Corral, stack_config: StackConfig, command: str
+    corral: Corral,
+    stack_config: StackConfig,
+    command: str,
+    *,
+    exec_agent: bool | None = None,
+    session: str | None = None,
 ) -> tuple[Episode, str, asyncio.Task[StepResult]]:
-    """An interactive episode on NODE whose step 1 (`command`) runs on the node now."""
-    episode = await corral.start_episode(
-        {"image": "busybox", "interactive": True, "reward": "cat /tmp/log"}, node=NODE
-    )
+    """An interactive episode on NODE whose step 1 (`command`) runs on the node now;
+    with `session`, that shell session was given a working directory and a variable
+    first (a session exec is a step too: `command` is then step 2)."""
+    spec: dict[str, object] = {"image": "busybox", "interactive": True, "reward": "cat /tmp/log"}
+    if exec_agent is not None:
+        spec["exec_agent"] = exec_agent
+    episode = await corral.start_episode(spec, node=NODE)
+    if session is not None:
+        assert (await episode.exec("cd /tmp && export MARK=kept", session=session)).ok
     assert (await episode.exec("echo a >> /tmp/log")).ok
     sandbox_id = (await episode.status()).sandbox_id
     long_step = asyncio.create_task(episode.exec(command))
-    marker = _journal(stack_config, sandbox_id) / "1.started"
-    await eventually(marker.exists, what="step 1 started on the node")
-    return episode, sandbox_id, long_step
-
-
-async def _runc_step_in_flight(
-    episode: Episode, stack_config: StackConfig, sandbox_id: str, index: int, command: str
-) -> asyncio.Task[StepResult]:
-    """Step `index` (`command`) running on the node now."""
-    step = asyncio.create_task(episode.exec(command))
+    index = 1 if session is None else 2
     marker = _journal(stack_config, sandbox_id) / f"{index}.started"
     await eventually(marker.exists, what=f"step {index} started on the node")
-    return step
+    return episode, sandbox_id, long_step
 
 
 async def _read_log(episode: Episode) -> bytes:
@@ -86,44 +89,58 @@ async def _log_is(episode: Episode, lines: bytes) -> bool:
     return await _read_log(episode) == lines
 
 
-async def test_node_worker_killed_mid_step(
+async def test_node_worker_killed_mid_call_through_the_agent(
     corral: Corral, stack: Stack, stack_config: StackConfig
 ) -> None:
-    command = "sleep 5; echo {line} >> /tmp/log; echo out; echo err >&2; exit 3"
+    if not stack_config.workers.exec_agent:
+        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
     episode, sandbox_id, long_step = await _long_step_in_flight(
-        corral, stack_config, command.format(line="b")
+        corral, stack_config, "sleep 5; echo b >> /tmp/log; exit 3", session="main"
     )
     await _kill_and_restart(stack, f"node-worker-{NODE}")
-    step = await long_step
-    index, lines = 1, b"a\nb\n"
-    if stack_config.workers.exec_agent:
-        # Through the agent the call's result went to the dead worker: the step
-        # says so and is not run again; its command still ran, once, to its end.
-        assert step.index == 1 and "lost with its worker" in step.interrupted, step
-        await eventually(
-            lambda: _log_is(episode, lines), what="the interrupted command's line, once"
-        )
-        # The new worker reaches this sandbox by runc exec: kill it mid-step again.
-        index, lines = 2, lines + b"b2\n"
-        long_step = await _runc_step_in_flight(
-            episode, stack_config, sandbox_id, index, command.format(line="b2")
-        )
-        await _kill_and_restart(stack, f"node-worker-{NODE}")
-        step = await long_step
 
-    # The restarted worker reattached to the step's runc exec (the shim outlived
-    # the worker): the real exit code and output, not an "interrupted".
-    assert (step.index, step.exit_code, step.interrupted) == (index, 3, "")
+    # The call's result went with the dead worker: the step says so and is not
+    # run again; its command still ran, once, to its end.
+    step = await long_step
+    assert step.index == 2 and "lost with its worker" in step.interrupted, step
+    await eventually(lambda: _log_is(episode, b"a\nb\n"), what="the cut-off call's line, once")
+    # The new worker attached to the same agent: the shell session goes on.
+    again = await episode.exec("pwd; echo $MARK", session="main")
+    assert (again.exit_code, again.stdout) == (0, "/tmp\nkept\n"), again
+
+    assert (await episode.exec("echo c >> /tmp/log")).ok
+    assert (await episode.status()).sandbox_id == sandbox_id
+    final = await episode.finish()
+    assert final.outcome == "completed"
+    assert final.reward is not None and final.reward.stdout == "a\nb\nc\n"
+    assert not await sandbox_exists(stack_config, sandbox_id)
+
+
+async def test_node_worker_killed_mid_runc_exec(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode, sandbox_id, long_step = await _long_step_in_flight(
+        corral,
+        stack_config,
+        "sleep 5; echo b >> /tmp/log; echo out; echo err >&2; exit 3",
+        exec_agent=False,
+    )
+    await _kill_and_restart(stack, f"node-worker-{NODE}")
+
+    # The restarted worker reattached to the step's exec (the shim outlived the
+    # worker): the real exit code and output, not an "interrupted".
+    step = await long_step
+    assert (step.index, step.exit_code, step.interrupted) == (1, 3, "")
     assert (step.stdout, step.stderr) == ("out\n", "err\n")
 
     assert (await episode.exec("echo c >> /tmp/log")).ok
     assert (await episode.status()).sandbox_id == sandbox_id
     # Nothing ran twice, nothing completed was lost.
-    assert await _read_log(episode) == lines + b"c\n"
+    assert await _read_log(episode) == b"a\nb\nc\n"
     final = await episode.finish()
     assert final.outcome == "completed"
-    assert [s.index for s in final.steps] == list(range(index + 3))
-    assert final.reward is not None and final.reward.stdout == (lines + b"c\n").decode()
+    assert [s.index for s in final.steps] == [0, 1, 2, 3]
+    assert final.reward is not None and final.reward.stdout == "a\nb\nc\n"
     assert not await sandbox_exists(stack_config, sandbox_id)
 
 
@@ -187,29 +204,33 @@ async def _kill_containerd_during(stack: Stack, step: asyncio.Task[StepResult]) 
         await daemon.start()  # the shims kept the sandbox; the new daemon adopts it
 
 
-async def test_containerd_killed_mid_step_reports_interrupted(
+async def test_containerd_killed_mid_call_through_the_agent(
     corral: Corral, stack: Stack, stack_config: StackConfig
 ) -> None:
+    if not stack_config.workers.exec_agent:
+        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
     episode, sandbox_id, long_step = await _long_step_in_flight(
         corral, stack_config, "sleep 5; echo b >> /tmp/log"
     )
-    index = 1
-    if stack_config.workers.exec_agent:
-        # A call through the agent needs no containerd: it finishes as if nothing happened.
-        step = await _kill_containerd_during(stack, long_step)
-        assert (step.index, step.exit_code, step.interrupted) == (1, 0, ""), step
-        assert await _read_log(episode) == b"a\nb\n"
-        # The runc path needs containerd: reach it through a new node worker
-        # (which holds no channel to this sandbox's agent) and kill containerd again.
-        await _kill_and_restart(stack, f"node-worker-{NODE}")
-        index = 2
-        long_step = await _runc_step_in_flight(
-            episode, stack_config, sandbox_id, index, "sleep 20; echo b2 >> /tmp/log"
-        )
+    # A call through the agent needs no containerd: it finishes as if nothing happened.
+    step = await _kill_containerd_during(stack, long_step)
+    assert (step.index, step.exit_code, step.interrupted) == (1, 0, ""), step
+    assert await _read_log(episode) == b"a\nb\n"
+    final = await episode.finish()
+    assert final.outcome == "completed"
+    assert not await sandbox_exists(stack_config, sandbox_id)
+
+
+async def test_containerd_killed_mid_runc_exec_reports_interrupted(
+    corral: Corral, stack: Stack, stack_config: StackConfig
+) -> None:
+    episode, sandbox_id, long_step = await _long_step_in_flight(
+        corral, stack_config, "sleep 20; echo b >> /tmp/log", exec_agent=False
+    )
     step = await _kill_containerd_during(stack, long_step)
 
     # No bare exit code: the step says it was interrupted, and by what.
-    assert step.index == index and not step.ok
+    assert step.index == 1 and not step.ok
     assert "containerd is unavailable" in step.interrupted, step.interrupted
     assert step.stderr == f"corral: interrupted: {step.interrupted}"
 
@@ -218,5 +239,5 @@ async def test_containerd_killed_mid_step_reports_interrupted(
     assert (await episode.status()).sandbox_id == sandbox_id
     final = await episode.finish()
     assert final.outcome == "completed"
-    assert final.steps[index].interrupted == step.interrupted
+    assert final.steps[1].interrupted == step.interrupted
     assert not await sandbox_exists(stack_config, sandbox_id)

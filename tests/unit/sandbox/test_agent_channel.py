@@ -104,3 +104,18 @@ def test_the_agent_is_on_by_default_and_turned_off_by_config_or_env() -> None:
     assert load_config(env={}).workers.exec_agent is True
     assert load_config(env={"CORRAL_EXEC_AGENT": "0"}).workers.exec_agent is False
     assert load_config(env={"CORRAL_EXEC_AGENT": "1"}).workers.exec_agent is True
+
+
+def test_an_attached_channel_skips_what_the_old_reader_left_half_read() -> None:
+    """A node worker that died mid-frame left the rest of it in the FIFO: the
+    worker that attaches next skips to the first whole frame, then is strict."""
+    old = encode_frame(3, {"op": "stdout"}, b"x" * 100)
+    new = encode_frame(1 << 30, {"op": "hello", "version": 1})
+    for cut in (1, 5, 19, 20, 57, len(old) - 1):
+        decoder = FrameDecoder(resync=True)
+        frames = [f for i in range(0, len(old) - cut + len(new), 7)
+                  for f in decoder.feed((old[cut:] + new)[i : i + 7])]  # fmt: skip
+        assert [(f.call_id, f.meta["op"]) for f in frames] == [(1 << 30, "hello")], cut
+        assert decoder.skipped == len(old) - cut
+        with pytest.raises(AgentProtocolError):
+            decoder.feed(b"GARBAGE-GARBAGE-GARBAGE")

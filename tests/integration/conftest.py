@@ -107,6 +107,12 @@ async def corral(stack: Stack) -> AsyncIterator[Corral]:
         yield client
 
 
+def require_stack_agent(config: StackConfig) -> None:
+    """Skip a test that needs the stack's own sandboxes to run the exec agent."""
+    if not config.workers.exec_agent:
+        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
+
+
 async def wait_for(predicate: asyncio.Future[bool] | object, timeout_s: float = 30.0) -> None:
     """Poll an async predicate until it is true (a correctness wait, not a timing check)."""
     import time

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import pytest
-
 from activities.toolcalls import (
     JobInput,
     JobRequest,
@@ -25,6 +23,7 @@ from activities.toolcalls import (
 from corral.sdk import Corral
 from sandbox.client import Containerd
 from sandbox.sandbox import Sandbox
+from tests.integration.conftest import require_stack_agent
 from workers.config import StackConfig
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
@@ -85,8 +84,7 @@ async def test_job_activities(
 
 
 async def test_sdk_sessions_and_jobs(corral: Corral, stack_config: StackConfig) -> None:
-    if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
+    require_stack_agent(stack_config)
     spec = {"image": "busybox", "interactive": True}
     async with await corral.start_episode(spec) as episode:
         await episode.exec("mkdir -p /tmp/w && cd /tmp/w && export K=v", session="main")

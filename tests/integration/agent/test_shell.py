@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
-import pytest
 from test_stream import ActivityEpisode  # the activities answering Job's Updates
 
 from activities.toolcalls import (
@@ -28,6 +27,7 @@ from activities.toolcalls import (
 from corral.sdk import Corral, Episode, Job
 from sandbox.client import Containerd
 from sandbox.sandbox import Sandbox
+from tests.integration.conftest import require_stack_agent
 from workers.config import StackConfig
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
@@ -53,8 +53,7 @@ async def test_a_pty_job_takes_keys(
 
 
 async def test_corral_episode_shell(corral: Corral, stack_config: StackConfig) -> None:
-    if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
+    require_stack_agent(stack_config)
     spec = {"image": "busybox", "interactive": True}
     async with await corral.start_episode(spec) as episode:
         await episode.exec("true")  # the sandbox exists

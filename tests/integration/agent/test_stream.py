@@ -16,12 +16,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
-
 from activities.toolcalls import JobInput, JobRequest, SpawnInput, SpawnRequest, ToolCallActivities
 from corral.sdk import Corral, Episode, Job
 from sandbox.client import Containerd
 from sandbox.sandbox import Sandbox
+from tests.integration.conftest import require_stack_agent
 from workers.config import StackConfig
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
@@ -80,8 +79,7 @@ async def test_follow_yields_output_before_the_command_ends(
 
 
 async def test_sdk_stream(corral: Corral, stack_config: StackConfig) -> None:
-    if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
+    require_stack_agent(stack_config)
     spec = {"image": "busybox", "interactive": True}
     async with await corral.start_episode(spec) as episode:
 

@@ -25,6 +25,7 @@ import pytest
 from episode_helpers import eventually, sandbox_exists
 
 from corral.sdk import Corral, Episode
+from tests.integration.conftest import require_stack_agent
 from workers.config import StackConfig
 from workers.processes import wait_exit
 from workers.stack import Stack
@@ -92,8 +93,7 @@ async def _log_is(episode: Episode, lines: bytes) -> bool:
 async def test_node_worker_killed_mid_call_through_the_agent(
     corral: Corral, stack: Stack, stack_config: StackConfig
 ) -> None:
-    if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
+    require_stack_agent(stack_config)
     episode, sandbox_id, long_step = await _long_step_in_flight(
         corral, stack_config, "sleep 5; echo b >> /tmp/log; exit 3", session="main"
     )
@@ -207,8 +207,7 @@ async def _kill_containerd_during(stack: Stack, step: asyncio.Task[StepResult]) 
 async def test_containerd_killed_mid_call_through_the_agent(
     corral: Corral, stack: Stack, stack_config: StackConfig
 ) -> None:
-    if not stack_config.workers.exec_agent:
-        pytest.skip("the stack runs with CORRAL_EXEC_AGENT=0: no exec agent (on by default)")
+    require_stack_agent(stack_config)
     episode, sandbox_id, long_step = await _long_step_in_flight(
         corral, stack_config, "sleep 5; echo b >> /tmp/log"
     )

@@ -285,12 +285,25 @@ func TestMainCommandStatusIsTheAgentsStatus(t *testing.T) {
 	}
 }
 
-func TestServeEndsOnEOFAndOnAGarbledFrame(t *testing.T) {
+func TestServeEndsOnEOFAndSkipsToTheNextWholeFrame(t *testing.T) {
 	srv := newServer(io.Discard, testReaper, "/nonexistent")
 	if err := srv.serve(bytes.NewReader(nil)); err != nil {
 		t.Fatalf("EOF: %v", err)
 	}
-	if err := srv.serve(bytes.NewReader([]byte("GARBAGE-GARBAGE-GARBAGE"))); err == nil {
-		t.Fatal("a garbled frame was served")
+	// What a host that died mid-frame leaves (the tail of a frame, or garbage
+	// that even holds a false magic), then the next host's hello: answered.
+	hello := encodeFrame(9, []byte(`{"op":"hello"}`), nil)
+	old := encodeFrame(3, []byte(`{"op":"put"}`), bytes.Repeat([]byte("x"), 70000))
+	for _, lead := range [][]byte{old[7:], []byte("GARBAGE-CRA1-GARBAGE"), old[:0]} {
+		var out bytes.Buffer
+		srv := newServer(&out, testReaper, "/nonexistent")
+		stream := append(append([]byte{}, lead...), hello...)
+		if err := srv.serve(bytes.NewReader(stream)); err != nil {
+			t.Fatalf("lead %d bytes: %v", len(lead), err)
+		}
+		f, err := readFrame(&out)
+		if err != nil || f.id != 9 || !strings.Contains(string(f.meta), "hello") {
+			t.Fatalf("lead %d bytes: got %v %s", len(lead), err, f.meta)
+		}
 	}
 }

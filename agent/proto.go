@@ -9,6 +9,7 @@ package main
 // output of a call carry the call's id, so calls are multiplexed on one stream.
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
@@ -45,6 +46,37 @@ func encodeFrame(id uint32, meta, data []byte) []byte {
 	copy(buf[headerLen:], meta)
 	copy(buf[headerLen+len(meta):], data)
 	return buf
+}
+
+// validHeader: the magic, the checksum and sizes a frame may have.
+func validHeader(h []byte) bool {
+	return bytes.Equal(h[:4], magic) &&
+		crc32.ChecksumIEEE(h[:16]) == binary.BigEndian.Uint32(h[16:]) &&
+		binary.BigEndian.Uint32(h[8:]) <= maxMeta && binary.BigEndian.Uint32(h[12:]) <= maxData
+}
+
+// skipToHeader drops bytes until a valid header starts the stream and says how
+// many it dropped. A host that died halfway through a frame leaves the rest of
+// it in the FIFO; the host that attaches next starts with a whole frame, so the
+// stream is whole again from the next valid header on.
+func skipToHeader(r *bufio.Reader) (int, error) {
+	skipped := 0
+	for {
+		h, err := r.Peek(headerLen)
+		if err != nil {
+			return skipped, err
+		}
+		if validHeader(h) {
+			return skipped, nil
+		}
+		buffered, _ := r.Peek(r.Buffered())
+		drop := bytes.Index(buffered[1:], magic) + 1
+		if drop == 0 { // no magic in what is buffered: keep a possible partial one
+			drop = len(buffered) - len(magic) + 1
+		}
+		n, _ := r.Discard(drop)
+		skipped += n
+	}
 }
 
 func readFrame(r io.Reader) (frame, error) {

@@ -5,6 +5,7 @@ package main
 // a process.
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -90,11 +91,21 @@ func newServer(w io.Writer, r *reaper, self string) *server {
 	}
 }
 
-// serve reads requests until the host side closes; a malformed frame ends it too
-// (the stream cannot be trusted past it).
+// serve reads requests until the host side closes. Bytes that are not a whole
+// frame (the rest of one a dying host left half-written) are skipped up to the
+// next valid header, so a host that attaches later is heard (docs/agent.md).
 func (s *server) serve(in io.Reader) error {
+	br := bufio.NewReaderSize(in, 1<<16)
 	for {
-		f, err := readFrame(in)
+		if skipped, err := skipToHeader(br); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		} else if skipped > 0 {
+			fmt.Fprintf(os.Stderr, "corral-agent: skipped %d bytes to the next frame\n", skipped)
+		}
+		f, err := readFrame(br)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil

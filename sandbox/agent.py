@@ -329,6 +329,12 @@ class AgentChannel:
     async def hello(self) -> dict[str, Any]:
         return (await self.request({"op": "hello"})).meta
 
+    async def fill_partial_frame(self) -> None:
+        """Bytes enough to complete any frame an earlier host left half-written
+        on the agent's stdin (which would otherwise swallow ours); the agent
+        then skips them to the next whole frame."""
+        await self._write(bytes(HEADER.size + MAX_META + MAX_DATA))
+
     async def run(
         self,
         cmd: list[str] | str,

@@ -575,10 +575,10 @@ class Containerd:
                 return None
             channel.start()
             try:
-                await _agent_hello(sandbox_id, channel, AGENT_ATTACH_TIMEOUT_S)
+                await _attach_hello(sandbox_id, channel)
             except (SandboxError, OSError) as err:
-                # E.g. the old process died mid-frame on the agent's stdin: the agent
-                # stopped reading at the bad frame. Its sandbox still runs; runc exec it is.
+                # An agent older than its resynchronising reader, or one that is stuck:
+                # its sandbox still runs, and runc exec it is.
                 log.warning("exec agent of %s not attached: %s", sandbox_id, err)
                 channel.close()
                 self._unattachable.add(sandbox_id)
@@ -894,6 +894,17 @@ def _container_record(
 
 async def _forget_agent(channel_dir: Path) -> None:
     agent.forget(channel_dir)
+
+
+async def _attach_hello(sandbox_id: str, channel: agent.AgentChannel) -> None:
+    """`hello` to an agent another process started. Unanswered, the old process
+    may have died halfway through a frame, whose rest our hello became: fill
+    it, and ask again (the agent skips the filling to our next frame)."""
+    try:
+        await _agent_hello(sandbox_id, channel, AGENT_ATTACH_TIMEOUT_S)
+    except SandboxError:
+        await channel.fill_partial_frame()
+        await _agent_hello(sandbox_id, channel, AGENT_ATTACH_TIMEOUT_S)
 
 
 async def _agent_hello(

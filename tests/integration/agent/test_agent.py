@@ -179,3 +179,31 @@ async def test_a_cancelled_call_has_its_process_killed(make_agent_sandbox: MakeS
     with pytest.raises(asyncio.CancelledError):
         await call
     assert await wait_gone(sandbox, pid)
+
+
+@pytest.mark.parametrize("died_mid_frame", [False, True], ids=["between-frames", "mid-frame"])
+async def test_a_later_process_attaches_to_the_running_agent(
+    make_agent_sandbox: MakeSandbox, agent_ctd: Containerd, died_mid_frame: bool
+) -> None:
+    """What a node worker that restarts finds: the agent still running, its FIFOs
+    held open by the shim. The new channel is heard, and the session goes on,
+    even when the old process died halfway through writing a frame."""
+    from sandbox import agent as agent_module
+
+    sandbox = await make_agent_sandbox()
+    old = channel(sandbox)
+    made = await old.run("cd /tmp && export MARK=kept", session="main")
+    assert made.exit_code == 0
+    if died_mid_frame:  # the head of a 100 KB file write, and no more
+        frame = agent_module.encode_frame(77, {"op": "put", "path": "/tmp/f"}, b"x" * 100_000)
+        os.write(old._in_fd, frame[:4096])
+    # The old process is gone: its channel closed, its FIFOs left as they were.
+    agent_module._CHANNELS.pop(str(old.dir))
+    old.close()
+    assert sandbox.agent() is None
+
+    attached = await agent_ctd.attach_agent(sandbox.id)
+    assert attached is not None and attached is not old
+    again = await attached.run("pwd; echo $MARK", session="main")
+    assert (again.exit_code, again.stdout) == (0, b"/tmp\nkept\n")
+    assert sandbox.agent() is attached  # every later call of this process uses it

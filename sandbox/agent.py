@@ -193,10 +193,13 @@ class AgentChannel:
         channel = cls(directory)
         os.mkfifo(channel.stdin_path, 0o600)
         os.mkfifo(channel.stdout_path, 0o600)
-        channel._out_fd = os.open(channel.stdout_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        # Read-write: opening never blocks, and the host holds the writer the shim waits for.
-        channel._in_fd = os.open(channel.stdin_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        channel._open_host_ends()
         return channel
+
+    def _open_host_ends(self) -> None:
+        self._out_fd = os.open(self.stdout_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # Read-write: opening never blocks, and the host holds the writer the shim waits for.
+        self._in_fd = os.open(self.stdin_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
     @classmethod
     def attach(cls, directory: Path) -> AgentChannel | None:
@@ -208,10 +211,7 @@ class AgentChannel:
                 stat.S_ISFIFO(os.stat(p).st_mode) for p in (channel.stdin_path, channel.stdout_path)
             ):
                 return None
-            channel._out_fd = os.open(
-                channel.stdout_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-            )
-            channel._in_fd = os.open(channel.stdin_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+            channel._open_host_ends()
         except OSError:
             channel.close()
             return None

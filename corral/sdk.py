@@ -19,10 +19,10 @@ import asyncio
 import base64
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from temporalio.client import (
@@ -83,6 +83,7 @@ from sandbox.errors import CorralError
 from workers.config import RegistryConfig, StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
 from workers.tenants import TenantRuleViolation, prepare_for_tenant
+from workflows.calls import EpisodeCallsWorkflow, calls_workflow_id
 from workflows.episode import EpisodeWorkflow
 from workflows.models import (
     EpisodeInput,
@@ -114,6 +115,15 @@ _ERROR_TYPES: dict[str, type[EpisodeError]] = {
 }
 # The server fails an accepted Update with this type when the workflow closes first.
 _CLOSED_UNDER_UPDATE = frozenset({"AcceptedUpdateCompletedWorkflow"})
+# Tool calls: sent to the episode's calls workflow while it runs (workflows/calls.py).
+_CALLS = frozenset(
+    {"exec", "tool_exec", "spawn", "job_output", "job_wait", "job_stdin", "job_kill"}
+)
+# The calls workflow refused (closing) or closed under the call: the episode answers.
+_CALLS_GONE = frozenset({"CallsClosed", *_CLOSED_UNDER_UPDATE})
+_CALL_ROUTE_ATTEMPTS = 50  # about 8 s of hand-over at most
+_NOT_THERE = object()
+T = TypeVar("T")
 # Update validators refuse with a plain ValueError ("episode is not interactive", ...).
 _REFUSALS = frozenset({"ValueError", "EpisodeRejected", "EpisodeFinishing", "InvalidRequest"})
 
@@ -232,6 +242,7 @@ class Episode:
         self.id = handle.id
         self._result: EpisodeResult | None = None
         self._corral = corral  # starts the children of `fork`
+        self._calls: WorkflowHandle[Any, Any] | None = None  # its calls workflow
 
     async def __aenter__(self) -> Episode:
         return self
@@ -393,8 +404,19 @@ class Episode:
         return result
 
     async def status(self) -> EpisodeStatus:
+        """The episode's status, counting the calls its calls workflow ran so far
+        (asked second: a call absorbed in between is missed, never counted twice)."""
         status: EpisodeStatus = await self._query(EpisodeWorkflow.status)
-        return status
+        progress = await self._calls_query(EpisodeCallsWorkflow.progress)
+        if progress is None:
+            return status
+        last = status.last_activity
+        return status.model_copy(
+            update={
+                "steps_done": status.steps_done + progress.steps_done,
+                "last_activity": max(last, progress.last_call) if last else progress.last_call,
+            }
+        )
 
     async def snapshot(self, name: str | None = None) -> SnapshotResult:
         """Commit the sandbox's filesystem as an image (recorded in the episode's
@@ -444,8 +466,29 @@ class Episode:
         )
 
     async def steps(self) -> list[StepResult]:
+        """The step log, with the calls its calls workflow ran so far."""
         steps: list[StepResult] = await self._query(EpisodeWorkflow.steps)
-        return steps
+        by_index = {step.index: step for step in steps}
+        for step in await self._calls_steps():
+            by_index[step.index] = step
+        return sorted(by_index.values(), key=lambda step: step.index)
+
+    async def _calls_steps(self) -> list[StepResult]:
+        """Its calls workflow's steps while it runs (after, the episode holds them)."""
+        return await self._calls_query(EpisodeCallsWorkflow.steps) or []
+
+    async def _calls_query(self, query: Callable[[Any], T]) -> T | None:
+        """A query on its calls workflow while that runs; None when it does not
+        (never started, closed and absorbed by the episode) or its node does not answer."""
+        calls = self._calls_handle()
+        try:
+            desc = await calls.describe()
+            if desc.status != Status.RUNNING:
+                return None
+            answer: T = await calls.query(query, rpc_timeout=timedelta(seconds=10))
+        except (RPCError, WorkflowQueryFailedError):
+            return None
+        return answer
 
     async def kill(self, reason: str = "", by: str = "") -> None:
         await self._signal("kill", OnCallRequest(reason=reason, by=by))
@@ -474,6 +517,47 @@ class Episode:
             raise _rpc_error(self.id, err) from err
 
     async def _update(self, name: str, arg: Any, result_type: type | None) -> Any:
+        if name not in _CALLS:
+            return await self._episode_update(name, arg, result_type)
+        # A tool call goes to the episode's calls workflow on its node while that
+        # runs (workflows/calls.py), else to the episode; the two hand over in
+        # turn, so a call that meets the hand-over asks again.
+        for attempt in range(_CALL_ROUTE_ATTEMPTS):
+            if (sent := await self._calls_update(name, arg, result_type)) is not _NOT_THERE:
+                return sent
+            try:
+                return await self._episode_update(name, arg, result_type)
+            except EpisodeRequestFailed as err:
+                if err.error_type != "CallsOnNode":
+                    raise
+            await asyncio.sleep(min(0.02 * (attempt + 1), 0.2))
+        raise EpisodeRequestFailed(
+            f"episode {self.id} {name}: its calls workflow did not take the call", "CallsOnNode"
+        )
+
+    def _calls_handle(self) -> WorkflowHandle[Any, Any]:
+        if self._calls is None:
+            client = self._corral.client if self._corral else self._handle._client
+            self._calls = client.get_workflow_handle(calls_workflow_id(self.id))
+        return self._calls
+
+    async def _calls_update(self, name: str, arg: Any, result_type: type | None) -> Any:
+        """The calls workflow's answer, or `_NOT_THERE` when it does not run."""
+        try:
+            return await self._calls_handle().execute_update(
+                name, args=[arg], result_type=result_type
+            )
+        except WorkflowUpdateFailedError as err:
+            cause = _innermost(err)
+            if isinstance(cause, ApplicationError) and cause.type in _CALLS_GONE:
+                return _NOT_THERE
+            raise _update_error(self.id, name, cause) from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:  # never started, or closed
+                return _NOT_THERE
+            raise _rpc_error(self.id, err) from err
+
+    async def _episode_update(self, name: str, arg: Any, result_type: type | None) -> Any:
         try:
             args = [] if arg is None else [arg]
             return await self._handle.execute_update(name, args=args, result_type=result_type)

@@ -10,7 +10,6 @@ import contextlib
 import signal
 
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.placement import FleetActivities
 from observability.extras import require_at_start
@@ -19,17 +18,8 @@ from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from workers.config import StackConfig, load_config
 from workers.node_directory import NodeDirectory
-from workers.temporal import connect
+from workers.temporal import connect, workflow_runner
 from workflows.registry import WORKFLOWS
-
-
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """The sandbox still guards determinism (time, random, I/O calls), but every
-    module is passed through instead of re-imported for each workflow run: the
-    re-import of pydantic models cost more CPU than the workflow itself."""
-    return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
-    )
 
 
 async def run_workflow_worker(config: StackConfig, stop: asyncio.Event) -> None:

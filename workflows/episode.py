@@ -15,17 +15,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+    is_cancelled_exception,
+)
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import Outcome
-    from activities.node import NodeActivities, interrupted_step
+    from activities.node import NodeActivities
     from activities.placement import NODE_LOST_SIGNAL
     from activities.snapshots import SnapshotActivities
     from activities.toolcalls import (
@@ -51,6 +57,17 @@ with workflow.unsafe.imports_passed_through():
     from sandbox.blobs import FileBlob
     from sandbox.snapshot import is_local_snapshot, snapshot_ref
     from workflows.admission import Admission, AdmissionDecision
+    from workflows.calls import (
+        CLOSE_SIGNAL,
+        HOLD_SIGNAL,
+        MAX_CALLS_PER_RUN,
+        RESUME_SIGNAL,
+        CallsInput,
+        CallsResult,
+        EpisodeCallsWorkflow,
+        HoldRequest,
+        calls_workflow_id,
+    )
     from workflows.models import (
         AlertSummary,
         AnomalySignal,
@@ -92,16 +109,14 @@ with workflow.unsafe.imports_passed_through():
         SANDBOX_NODE,
         TENANT,
     )
+    from workflows.steps import (
+        application_cause,
+        cause_message,
+        lost_step,
+        node_retry_policy,
+        surfaced,
+    )
 
-# Errors that no retry can fix: fail the provision at once.
-NON_RETRYABLE = [
-    "InvalidSpec",
-    "ImageNotFound",
-    "ImagePullFailed",
-    "InvalidReference",
-    "SandboxPaused",
-    "SandboxNotFound",
-]
 # States written to the EpisodeState search attribute (the SDK starts episodes
 # as "provisioning"); passing states like "placing" only show in the details.
 VISIBLE_STATES = frozenset(
@@ -117,9 +132,6 @@ VISIBLE_STATES = frozenset(
         "cancelled",
     }
 )
-# Activity failures that mean the step was lost with its sandbox, containerd or
-# node (not a bad request): the step is reported interrupted with the cause.
-INTERRUPTING = frozenset({"ContainerdUnavailable", "ContainerdError", "SandboxNotFound"})
 # Continue-as-new well before Temporal's 50k-event / 50 MB history limits.
 MAX_STEPS_PER_RUN = 400
 # The lean path (one node activity per scripted episode) takes scripts this short
@@ -140,6 +152,12 @@ QUARANTINE_AFTER_BODY = "quarantine-after-body"
 LATE_ALERTS = "late-alerts"
 # Patch id: a node that answers NodeFull is asked again later, not excluded.
 NODE_FULL_WAITS = "node-full-waits"
+# Patch id: an interactive episode's calls run on its node (workflows/calls.py).
+CALLS_ON_NODE = "calls-on-node"
+# Patch id: a lean run whose node is lost is placed again when its steps are idempotent.
+LEAN_PLACED_AGAIN = "lean-placed-again"
+# After the episode ends, wait this long for its calls workflow's step log.
+CALLS_LOG_WAIT_S = 30.0
 
 T = TypeVar("T")
 
@@ -185,6 +203,9 @@ class EpisodeWorkflow:
         self._admission = Admission(held=self._s.admission_held)
         self._failure_type = ""  # overrides the outcome's error type (a rejection)
         self._outcome = ""  # how the episode ends, once it is closing
+        # The calls workflow on the node while it serves this episode's calls.
+        self._calls: ChildWorkflowHandle[EpisodeCallsWorkflow, CallsResult] | None = None
+        self._calls_starting = False
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -221,7 +242,7 @@ class EpisodeWorkflow:
             if err.type == "EpisodeRejected":
                 self._failure_type = err.type  # the trainer sees the rejection as such
         except ActivityError as err:
-            outcome, reason = "failed", _cause_message(err)
+            outcome, reason = "failed", cause_message(err)
         finally:
             if not continuing:
                 result = await self._close(outcome, reason, reward)
@@ -310,7 +331,7 @@ class EpisodeWorkflow:
                 task.result()
                 return
             except ActivityError as err:
-                cause = _application_cause(err)
+                cause = application_cause(err)
                 if cause is None or cause.type != "NodeFull" or self._input.node:
                     raise
                 if workflow.patched(NODE_FULL_WAITS):
@@ -431,12 +452,7 @@ class EpisodeWorkflow:
         )
         async with self._lock:
             self._touch()
-            done: RunScriptedResult = await self._node_activity(
-                NodeActivities.run_scripted,
-                request,
-                timeout_s=300 + budget_s,
-                attempts=PROVISION_ATTEMPTS,
-            )
+            done = await self._lean_run_watched(request, timeout_s=300 + budget_s)
         self._s.sandbox_id, self._s.provision_s = (
             done.provision.sandbox_id,
             done.provision.provision_s,
@@ -452,6 +468,41 @@ class EpisodeWorkflow:
         if failed is not None:
             raise _step_failed(failed)
         return done.reward
+
+    async def _lean_run_watched(
+        self, request: RunScriptedInput, timeout_s: float
+    ) -> RunScriptedResult:
+        """The lean run, placed again on another node while its node is lost
+        (`node_lost` says so only for idempotent steps: it cannot tell whether
+        a step ran there). The lost node's sandbox is reaped once this ends."""
+        while True:
+            self._lost_node = ""
+            run = asyncio.create_task(
+                self._node_activity(
+                    NodeActivities.run_scripted,
+                    request,
+                    timeout_s=timeout_s,
+                    attempts=PROVISION_ATTEMPTS,
+                )
+            )
+            await workflow.wait_condition(lambda: run.done() or bool(self._lost_node))  # noqa: B023 - awaited here
+            if run.done():
+                done: RunScriptedResult = run.result()
+                return done
+            run.cancel()
+            await _settle(run)
+            self._replace(self._lost_node)
+            self._s.node = await self._place()
+            self._set_state("running")
+
+    def _places_lean_again(self) -> bool:
+        """A lost node takes a lean run that may run again elsewhere."""
+        return (
+            self._lean()
+            and self._spec.idempotent_steps
+            and not self._s.scripted_done
+            and workflow.patched(LEAN_PLACED_AGAIN)
+        )
 
     async def _body(self) -> StepResult | None:
         if not self._s.scripted_done:
@@ -481,6 +532,12 @@ class EpisodeWorkflow:
         before this patch reset the timer at each request, and replay so."""
         ttl = timedelta(seconds=self._spec.timeouts.idle_ttl_s)
         rearm = workflow.patched(IDLE_TIMER_REARMED)
+        if not self._s.hibernated_ref and workflow.patched(CALLS_ON_NODE):
+            ended = await self._serve_calls_on_node(ttl)
+            if ended == "closed":
+                return True
+            # Idle: the loop below hibernates the sandbox or ends the episode;
+            # after a hibernation the episode serves its calls itself.
         while not self._s.finishing:
             seen = self._s.activity_seq
             try:
@@ -517,6 +574,106 @@ class EpisodeWorkflow:
                 return False
         return True
 
+    async def _serve_calls_on_node(self, ttl: timedelta) -> str:
+        """Hand the calls to a workflow on the node (workflows/calls.py) until the
+        episode finishes or has been idle for its timeout; the calls' step log
+        and step indices come back when it ends."""
+        # Calls the episode took itself (before it was ready) end first: the
+        # child starts from the next free step index.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._calls_starting = True
+        try:
+            self._calls = await self._start_calls(ttl)
+        except WorkflowAlreadyStartedError as err:
+            # A calls run of this episode is still open (it ends by itself):
+            # the episode serves its calls itself.
+            workflow.logger.warning("calls of %s not on node: %s", self._s.sandbox_id, err)
+            return "idle" if self._idle_left_s(ttl) <= 0 else "here"
+        finally:
+            self._calls_starting = False
+        calls = self._calls
+        try:
+            await workflow.wait_condition(lambda: calls.done() or self._s.finishing)
+            await self._signal_calls(CLOSE_SIGNAL)
+            return self._absorb(await calls).ended
+        except ChildWorkflowError as err:
+            self._calls = None
+            if self._s.kill is not None:
+                # A kill that met the child's start: the SDK cancels the child
+                # and swallows the body's cancellation. Honour it here.
+                raise asyncio.CancelledError from err
+            # It failed or was cancelled from outside: the episode takes its calls.
+            workflow.logger.warning("calls of %s ended: %s", self._s.sandbox_id, err)
+            return "here"
+        except asyncio.CancelledError:
+            # Killed: the sandbox goes; `_close` collects the log. (Not in a
+            # `finally`: a workflow evicted from the cache must not await.)
+            await self._signal_calls(CLOSE_SIGNAL)
+            raise
+
+    async def _start_calls(
+        self, ttl: timedelta
+    ) -> ChildWorkflowHandle[EpisodeCallsWorkflow, CallsResult]:
+        after = self._spec.timeouts.hibernate_after_s
+        idle_s = ttl.total_seconds() if after is None else min(after, ttl.total_seconds())
+        return await workflow.start_child_workflow(
+            EpisodeCallsWorkflow.run,
+            CallsInput(
+                episode_id=workflow.info().workflow_id,
+                sandbox_id=self._s.sandbox_id,
+                next_index=self._s.next_index,
+                default_timeout_s=self._spec.timeouts.step_s,
+                output_limit_bytes=self._spec.output_limit_bytes,
+                base_env=self._spec.env,
+                idle_timeout_s=idle_s,
+                max_calls_per_run=min(
+                    MAX_CALLS_PER_RUN, self._input.max_steps_per_run or MAX_CALLS_PER_RUN
+                ),
+                last_call=self._s.last_activity,
+                held=self._s.reason if self._s.quarantined else "",
+            ),
+            id=calls_workflow_id(workflow.info().workflow_id),
+            task_queue=self._queue(self._s.node),
+            # Ends with the episode, even on a lost node nobody polls (pending calls then
+            # fail over to the episode, which says how it ended).
+            parent_close_policy=ParentClosePolicy.TERMINATE,
+        )
+
+    def _absorb(self, result: CallsResult) -> CallsResult:
+        """The calls workflow's steps join the episode's log, once."""
+        if self._calls is not None:
+            self._s.steps.extend(result.steps)
+            self._s.next_index = max(self._s.next_index, result.next_index)
+            self._s.last_activity = max(self._s.last_activity or result.last_call, result.last_call)
+            self._calls = None
+        return result
+
+    async def _collect_calls(self) -> None:
+        """After a kill: the calls workflow ends once its running calls lost the
+        sandbox; its step log belongs in the record. A lost node never answers."""
+        calls = self._calls
+        if calls is None or self._s.node_lost:
+            return
+        try:
+            await workflow.wait_condition(calls.done, timeout=timedelta(seconds=CALLS_LOG_WAIT_S))
+            self._absorb(calls.result())
+        except (TimeoutError, asyncio.CancelledError, ChildWorkflowError) as err:
+            workflow.logger.warning("calls of %s: no step log: %s", self._s.sandbox_id, err)
+
+    def _calls_on_node(self) -> bool:
+        """Calls go to the calls workflow while it runs (the SDK tries it first)."""
+        return self._calls_starting or (self._calls is not None and not self._calls.done())
+
+    async def _signal_calls(self, signal: str, *args: Any) -> None:
+        """Tell the calls workflow, if it still runs (it may end meanwhile)."""
+        calls = self._calls
+        if calls is None or calls.done():
+            return
+        try:
+            await calls.signal(signal, *args)
+        except ApplicationError as err:
+            workflow.logger.info("calls of %s missed %s: %s", self._s.sandbox_id, signal, err)
+
     async def _wait_unfrozen(self) -> None:
         await workflow.wait_condition(
             lambda: not self._s.quarantined and not self._s.pending_quarantines
@@ -547,10 +704,7 @@ class EpisodeWorkflow:
                 timeout_s=(step.timeout_s or self._spec.timeouts.step_s) + 60,
             )
         except ActivityError as err:
-            cause = _application_cause(err)
-            if cause is not None and cause.type not in INTERRUPTING:
-                raise  # a bad request, not a lost step
-            result = interrupted_step(request, str(cause.message) if cause else str(err))
+            result = lost_step(request, err)  # a bad request re-raises
         return self._record_step(result)
 
     def _claim_index(self) -> int:
@@ -634,9 +788,9 @@ class EpisodeWorkflow:
         )
         async with self._lock:
             self._check_open()
-            await _surfaced(self._wake())
+            await surfaced(self._wake())
             self._touch()
-            return await _surfaced(self._take_snapshot(request.name))
+            return await surfaced(self._take_snapshot(request.name))
 
     @snapshot.validator
     def _validate_snapshot(self, request: SnapshotRequest) -> None:
@@ -673,9 +827,13 @@ class EpisodeWorkflow:
 
     async def _quarantined_until_decided(self, decision: Decision) -> None:
         rule = decision.rule
+        reason = f"quarantined by rule '{rule}'"
+        # The calls workflow refuses calls from before the freeze on: a call it
+        # took in between would only block in the frozen sandbox.
+        await self._signal_calls(HOLD_SIGNAL, HoldRequest(reason=reason))
         await self._node_activity(NodeActivities.freeze, self._sandbox_ref(), timeout_s=30)
         self._s.quarantined = True
-        self._s.reason = f"quarantined by rule '{rule}'"
+        self._s.reason = reason
         self._set_state("quarantined")
         timeout_s = float(decision.parameters.get("timeout_s", self._spec.timeouts.quarantine_s))
         try:
@@ -687,6 +845,7 @@ class EpisodeWorkflow:
             self._end(f"quarantine by rule '{rule}' timed out after {timeout_s:g} s", rule=rule)
         if self._s.kill is None:
             await self._node_activity(NodeActivities.thaw, self._sandbox_ref(), timeout_s=30)
+            await self._signal_calls(RESUME_SIGNAL)  # takes calls again before it says `running`
             self._s.quarantined, self._s.release_requested, self._s.reason = False, False, ""
             self._set_state("running")
 
@@ -715,7 +874,7 @@ class EpisodeWorkflow:
         yet, else end the episode (its sandbox went with the node)."""
         if lost.node != self._s.node or self._s.closing:
             return
-        if not self._s.ready:
+        if not self._s.ready or self._places_lean_again():
             self._lost_node = lost.node
             return
         if self._s.hibernated_ref and not is_local_snapshot(self._s.hibernated_ref):
@@ -741,21 +900,22 @@ class EpisodeWorkflow:
         async with self._lock:
             await self._wait_unfrozen()
             self._check_open()
-            await _surfaced(self._wake())
-            return await _surfaced(self._run_step(request.as_step(), "interactive"))
+            await surfaced(self._wake())
+            return await surfaced(self._run_step(request.as_step(), "interactive"))
 
     @exec_update.validator
     def _validate_exec(self, request: ExecRequest) -> None:
         self._check_open()
+        self._check_calls_here()
 
     @workflow.update
     async def write_file(self, request: WriteFileRequest) -> None:
         await self._wait_interactive()
         async with self._lock:
             self._check_open()
-            await _surfaced(self._wake())
+            await surfaced(self._wake())
             self._touch()
-            await _surfaced(
+            await surfaced(
                 self._node_activity(
                     NodeActivities.write_file,
                     WriteFileInput(sandbox_id=self._s.sandbox_id, request=request),
@@ -778,9 +938,9 @@ class EpisodeWorkflow:
         await self._wait_interactive()
         async with self._lock:
             self._check_open()
-            await _surfaced(self._wake())
+            await surfaced(self._wake())
             self._touch()
-            content: FileContent = await _surfaced(
+            content: FileContent = await surfaced(
                 self._node_activity(
                     NodeActivities.read_file,
                     ReadFileInput(sandbox_id=self._s.sandbox_id, request=request),
@@ -822,9 +982,9 @@ class EpisodeWorkflow:
         await self._wait_interactive()
         async with self._lock:
             self._check_open()
-            await _surfaced(self._wake())
+            await surfaced(self._wake())
             self._touch()
-            return await _surfaced(self._node_activity(method, call, timeout_s=600))
+            return await surfaced(self._node_activity(method, call, timeout_s=600))
 
     # Tool calls through the exec agent (activities/toolcalls.py, docs/agent.md).
     @workflow.update(name="tool_exec")
@@ -834,7 +994,7 @@ class EpisodeWorkflow:
         async with self._lock:
             await self._wait_unfrozen()
             self._check_open()
-            await _surfaced(self._wake())
+            await surfaced(self._wake())
             index = self._claim_index()
             timeout_s = request.timeout_s or self._spec.timeouts.step_s
             call = ToolExecInput(
@@ -845,7 +1005,7 @@ class EpisodeWorkflow:
                 output_limit_bytes=self._spec.output_limit_bytes,
                 base_env=self._spec.env,
             )
-            result: StepResult = await _surfaced(
+            result: StepResult = await surfaced(
                 self._node_activity(ToolCallActivities.tool_exec, call, timeout_s=timeout_s + 60)
             )
             return self._record_step(result)
@@ -853,6 +1013,7 @@ class EpisodeWorkflow:
     @tool_exec_update.validator
     def _validate_tool_exec(self, request: ToolExecRequest) -> None:
         self._check_open()
+        self._check_calls_here()
 
     @workflow.update(name="spawn")
     async def spawn_update(self, request: SpawnRequest) -> JobInfo:
@@ -861,12 +1022,12 @@ class EpisodeWorkflow:
         async with self._lock:
             await self._wait_unfrozen()
             self._check_open()
-            await _surfaced(self._wake())
+            await surfaced(self._wake())
             index = self._claim_index()
             call = SpawnInput(
                 sandbox_id=self._s.sandbox_id, index=index, request=request, base_env=self._spec.env
             )
-            info: JobInfo = await _surfaced(
+            info: JobInfo = await surfaced(
                 self._node_activity(ToolCallActivities.job_spawn, call, timeout_s=60)
             )
             return info
@@ -874,13 +1035,14 @@ class EpisodeWorkflow:
     @spawn_update.validator
     def _validate_spawn(self, request: SpawnRequest) -> None:
         self._check_open()
+        self._check_calls_here()
 
     @workflow.update(name="job_output")
     async def job_output_update(self, request: JobRequest) -> JobOutputResult:
         self._check_open()
         self._touch()
         call = JobInput(sandbox_id=self._s.sandbox_id, request=request)
-        out: JobOutputResult = await _surfaced(
+        out: JobOutputResult = await surfaced(
             self._node_activity(ToolCallActivities.job_output, call, timeout_s=60)
         )
         return out
@@ -891,7 +1053,7 @@ class EpisodeWorkflow:
         self._touch()
         call = JobInput(sandbox_id=self._s.sandbox_id, request=request)
         timeout_s = (request.timeout_s or 0) + 60
-        state: JobState = await _surfaced(
+        state: JobState = await surfaced(
             self._node_activity(ToolCallActivities.job_wait, call, timeout_s=timeout_s)
         )
         return state
@@ -902,14 +1064,14 @@ class EpisodeWorkflow:
         self._check_open()
         self._touch()
         call = JobStdinInput(sandbox_id=self._s.sandbox_id, request=request)
-        await _surfaced(self._node_activity(ToolCallActivities.job_stdin, call, timeout_s=60))
+        await surfaced(self._node_activity(ToolCallActivities.job_stdin, call, timeout_s=60))
 
     @workflow.update(name="job_kill")
     async def job_kill_update(self, request: JobRequest) -> None:
         self._check_open()
         self._touch()
         call = JobInput(sandbox_id=self._s.sandbox_id, request=request)
-        await _surfaced(self._node_activity(ToolCallActivities.job_kill, call, timeout_s=60))
+        await surfaced(self._node_activity(ToolCallActivities.job_kill, call, timeout_s=60))
 
     @workflow.update
     async def finish(self) -> None:
@@ -936,6 +1098,14 @@ class EpisodeWorkflow:
             )
         )
         self._check_open()
+
+    def _check_calls_here(self) -> None:
+        """Step indices are the calls workflow's while it runs: the SDK asks it."""
+        if self._calls_on_node():
+            raise ApplicationError(
+                f"episode {workflow.info().workflow_id} takes its calls on its node",
+                type="CallsOnNode",
+            )
 
     def _check_open(self) -> None:
         episode = workflow.info().workflow_id
@@ -1015,7 +1185,17 @@ class EpisodeWorkflow:
         else:
             # One activity tears down and records: a second one per episode
             # cost the server more than the record is worth.
-            result.teardown_s, teardown_sensor = await self._teardown(record)
+            calls_running = self._calls_on_node()  # killed with calls on the node
+            result.teardown_s, teardown_sensor = await self._teardown(
+                record, write_record=not calls_running
+            )
+            if calls_running:
+                # Their steps end once the sandbox is gone; then the record.
+                await self._collect_calls()
+                result.steps = self._s.steps
+                await workflow.execute_local_activity(
+                    "corral.record_episode", record, start_to_close_timeout=timedelta(seconds=10)
+                )
             result.sensor = _sensor_verdict([*self._s.steps, teardown_sensor])
             self._late_alerts(result)
         if not result.sensor:
@@ -1040,7 +1220,9 @@ class EpisodeWorkflow:
             result.outcome = "killed"
             result.reason = f"quarantined by rule '{rule}' as the episode ended"
 
-    async def _teardown(self, record: RecordEpisodeInput) -> tuple[float, str]:
+    async def _teardown(
+        self, record: RecordEpisodeInput, *, write_record: bool = True
+    ) -> tuple[float, str]:
         """Always attempted; if the node is gone, the janitor reaps the sandbox."""
         try:
             done = await self._node_activity(
@@ -1049,7 +1231,7 @@ class EpisodeWorkflow:
                     sandbox_id=self._s.sandbox_id,
                     workflow_id=record.workflow_id,
                     run_id=record.run_id,
-                    record=record,
+                    record=record if write_record else None,
                     drop_images=self._s.hibernations,
                 ),
                 timeout_s=120,
@@ -1084,13 +1266,7 @@ class EpisodeWorkflow:
             # Bounded even when the node's queue is never polled again.
             schedule_to_close_timeout=timedelta(seconds=(timeout_s + 30) * attempts),
             heartbeat_timeout=timedelta(seconds=15),
-            retry_policy=RetryPolicy(
-                maximum_attempts=attempts,
-                initial_interval=timedelta(milliseconds=200),
-                # Provisions ride out a containerd restart (about 30 s of retries).
-                maximum_interval=timedelta(seconds=8),
-                non_retryable_error_types=NON_RETRYABLE,
-            ),
+            retry_policy=node_retry_policy(attempts),
         )
 
     def _sandbox_ref(self) -> SandboxRef:
@@ -1137,20 +1313,6 @@ class EpisodeWorkflow:
         workflow.upsert_search_attributes(list(updates))
 
 
-async def _surfaced(work: Awaitable[T]) -> T:
-    """An activity failure inside an Update reaches the trainer as its cause
-    (type and one-line message), not as "Activity task failed"."""
-    try:
-        return await work
-    except ActivityError as err:
-        cause = _application_cause(err)
-        if cause is None:
-            raise ApplicationError(str(err), type="RequestFailed") from None
-        raise ApplicationError(
-            str(cause.message), *cause.details, type=cause.type or "RequestFailed"
-        ) from None
-
-
 async def _settle(task: asyncio.Task[Any]) -> None:
     """Wait for a cancelled task to unwind, swallowing its cancellation."""
     try:
@@ -1195,16 +1357,3 @@ def _step_failure(result: StepResult) -> str:
 
 def _outcome_of(err: ApplicationError) -> str:
     return {"IdleTimeout": "timed_out"}.get(err.type or "", "failed")
-
-
-def _application_cause(err: ActivityError) -> ApplicationError | None:
-    """The innermost application error: what actually went wrong."""
-    cause: BaseException | None = err.cause
-    while cause is not None and not isinstance(cause, ApplicationError):
-        cause = getattr(cause, "cause", None)
-    return cause if isinstance(cause, ApplicationError) else None
-
-
-def _cause_message(err: ActivityError) -> str:
-    cause = _application_cause(err)
-    return str(cause.message) if cause is not None else str(err)

@@ -28,7 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
-from workers.workflow_worker import workflow_runner
+from workers.temporal import workflow_runner
 from workflows.admission import (
     ADMISSION_WORKFLOW_ID,
     Admission,

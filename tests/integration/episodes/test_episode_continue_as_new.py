@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 
 from corral.sdk import Corral, Episode, parse_spec
 from workers.config import StackConfig
+from workflows.calls import calls_workflow_id
 from workflows.episode import EpisodeWorkflow, sandbox_id_for
 
 pytestmark = pytest.mark.integration
@@ -94,5 +95,14 @@ async def test_interactive_episode_continues_as_new_between_requests(
     final = await episode.finish()
     assert final.outcome == "completed"
     assert final.reward is not None and final.reward.stdout == "0\n1\n2\n3\n4\n"
-    assert len(await _runs(corral, episode.id, first_run)) >= 3
+    # The calls ran in the episode's calls workflow (workflows/calls.py), which
+    # continues as new at the same limit: every 2 calls, so at least twice for 4 or 5.
+    calls_runs = [
+        run.run_id
+        async for run in corral.client.list_workflows(
+            f"WorkflowId = '{calls_workflow_id(episode.id)}'"
+        )
+    ]
+    assert len(await _runs(corral, episode.id, first_run)) + len(calls_runs) >= 3
+    assert len(calls_runs) >= 2
     assert not await sandbox_exists(stack_config, final.sandbox_id)

@@ -9,6 +9,7 @@ tests/integration/episodes. Hour-long timers pass in milliseconds here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -20,9 +21,10 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -45,11 +47,14 @@ from activities.models import (
     TeardownResult,
     WriteFileInput,
 )
+from corral.errors import EpisodeQuarantined
+from corral.sdk import Episode
 from policies.alert import ANOMALY_SIGNAL
 from tests.alerts import anomaly_signal
-from workers.workflow_worker import workflow_runner
+from workers.temporal import workflow_runner
+from workflows.calls import EpisodeCallsWorkflow, calls_workflow_id
 from workflows.episode import EpisodeWorkflow
-from workflows.models import EpisodeInput, EpisodeResult, ExecRequest, OnCallRequest
+from workflows.models import EpisodeInput, EpisodeResult, OnCallRequest
 
 WORKFLOW_QUEUE = "episodes-under-test"
 NODE = "n1"
@@ -87,6 +92,25 @@ class FakeNode:
     snapshot_registry: str = ""  # set: snapshots are pushed there (as with registry.default)
     full_times: int = 0  # provisions answered NodeFull before one succeeds
     excluded: list[list[str]] = field(default_factory=list)  # each placement's exclude
+    lost_with: str = ""  # set: the step `lose me` fails with this error type (containerd gone)
+    hang_on: str = ""  # set: a lean run on this task queue never ends (its node died)
+    hanging: int = 0  # lean runs hung on `hang_on` right now
+
+    async def _hang(self) -> None:
+        """Run until the test ends (`release`): a running activity holds the
+        test server's clock, so one left behind would stall the next test's sleep."""
+        self.hanging += 1
+        try:
+            while self.hang_on:
+                activity.heartbeat()  # delivers the episode's cancel
+                await asyncio.sleep(0.05)
+            raise ApplicationError("its node died", non_retryable=True)
+        finally:
+            self.hanging -= 1
+
+    async def release(self) -> None:
+        self.hang_on = ""
+        await _until(lambda: self.hanging == 0)
 
     def activities(self) -> list[object]:
         @activity.defn(name="corral.place")
@@ -119,6 +143,8 @@ class FakeNode:
         async def exec_step(input: ExecStepInput) -> StepResult:
             self.calls.append("exec_step")
             self.steps += 1
+            if self.lost_with and input.step.display() == "lose me":
+                raise ApplicationError("containerd is unavailable", type=self.lost_with)
             return StepResult(
                 index=input.index,
                 cmd=input.step.display(),
@@ -131,6 +157,8 @@ class FakeNode:
         @activity.defn(name="corral.run_scripted")
         async def run_scripted(input: RunScriptedInput) -> RunScriptedResult:
             self.calls.append("run_scripted")
+            if activity.info().task_queue == self.hang_on:
+                await self._hang()
             provisioned = await provision(input.provision)
             steps: list[StepResult] = []
             for i, step in enumerate(input.steps):  # up to the first failing step
@@ -196,8 +224,8 @@ def _step_input(sandbox_id: str, step: Step, index: int, source: str = "scripted
     )
 
 
-@pytest.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
+@contextlib.asynccontextmanager
+async def _time_skipping_server() -> AsyncIterator[WorkflowEnvironment]:
     environment = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=_test_server(), data_converter=pydantic_data_converter
     )
@@ -212,8 +240,8 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
         await environment.shutdown()
 
 
-@pytest.fixture
-async def node(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
+@contextlib.asynccontextmanager
+async def _workers(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
     fake = FakeNode()
     activities = fake.activities()
     control, node_side = activities[:2], activities[2:]
@@ -225,10 +253,48 @@ async def node(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
             activities=control,
             workflow_runner=workflow_runner(),
         ),
-        Worker(env.client, task_queue=NODE_QUEUE, activities=node_side),
-        Worker(env.client, task_queue=OTHER_NODE_QUEUE, activities=node_side),
+        # Node workers run interactive episodes' calls workflows, as the real one does.
+        _node_worker(env, NODE_QUEUE, node_side),
+        _node_worker(env, OTHER_NODE_QUEUE, node_side),
     ):
         yield fake
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    async with _time_skipping_server() as environment:
+        yield environment
+
+
+@pytest.fixture
+async def node(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
+    async with _workers(env) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def own_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A test server of the test's own, for a test that leaves an activity running on
+    a lost node: the test server keeps that activity pending after its workflow
+    closed, and a pending activity stops its clock for every later test."""
+    async with _time_skipping_server() as environment:
+        yield environment
+
+
+@pytest.fixture
+async def own_node(own_env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
+    async with _workers(own_env) as fake:
+        yield fake
+
+
+def _node_worker(env: WorkflowEnvironment, queue: str, activities: list[object]) -> Worker:
+    return Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[EpisodeCallsWorkflow],
+        activities=activities,
+        workflow_runner=workflow_runner(),
+    )
 
 
 async def _start(env: WorkflowEnvironment, **spec: object) -> WorkflowHandle[object, EpisodeResult]:
@@ -245,12 +311,31 @@ async def _start(env: WorkflowEnvironment, **spec: object) -> WorkflowHandle[obj
     )
 
 
+async def _exec(handle: WorkflowHandle[object, EpisodeResult], cmd: str = "true") -> StepResult:
+    """One tool call as the SDK sends it: to the calls workflow while that runs."""
+    return await Episode(handle).exec(cmd)
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     for _ in range(200):
         if condition():
             return
         await asyncio.sleep(0.05)
     raise AssertionError("condition never held")
+
+
+async def _calls_running(
+    env: WorkflowEnvironment, handle: WorkflowHandle[object, EpisodeResult]
+) -> None:
+    """Until the episode has handed its calls to its calls workflow on the node."""
+    calls = env.client.get_workflow_handle(calls_workflow_id(handle.id))
+    for _ in range(200):
+        with contextlib.suppress(RPCError):
+            desc = await calls.describe()
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no calls workflow for {handle.id}")
 
 
 def _failure_of(err: WorkflowFailureError) -> ApplicationError:
@@ -297,21 +382,36 @@ async def test_on_call_kill_ends_an_interactive_episode_and_tears_down(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
     handle = await _start(env)  # no steps: interactive
-    assert (
-        await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
-    ).exit_code == 0
+    await _calls_running(env, handle)
+    assert (await _exec(handle)).exit_code == 0
     await handle.signal("kill", OnCallRequest(reason="looks wrong", by="alice"))
     with pytest.raises(WorkflowFailureError) as caught:
         await handle.result()
     failure = _failure_of(caught.value)
     assert failure.type == "EpisodeKilled"
     assert "killed by on-call by alice: looks wrong" in str(failure.message)
-    assert node.calls[-1] == "teardown"
+    # Killed while its calls workflow ran: torn down first, recorded once its log is in.
+    assert node.calls[-2:] == ["teardown", "record"]
+
+
+async def test_a_call_whose_containerd_is_gone_reports_interrupted_and_the_episode_goes_on(
+    env: WorkflowEnvironment, node: FakeNode
+) -> None:
+    node.lost_with = "ContainerdUnavailable"
+    handle = await _start(env)
+    await _calls_running(env, handle)
+    lost = await _exec(handle, "lose me")
+    assert not lost.ok and "containerd is unavailable" in lost.interrupted
+    assert (await _exec(handle)).ok
+    await handle.execute_update(EpisodeWorkflow.finish)
+    result = await handle.result()
+    assert [bool(s.interrupted) for s in result.steps] == [True, False]
 
 
 async def test_rule_kill_names_the_rule(env: WorkflowEnvironment, node: FakeNode) -> None:
     handle = await _start(env)
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _calls_running(env, handle)
+    await _exec(handle)
     await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Miner", "kill"))
     with pytest.raises(WorkflowFailureError) as caught:
         await handle.result()
@@ -322,12 +422,12 @@ async def test_quarantine_freezes_refuses_requests_and_kills_on_its_timeout(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
     handle = await _start(env, timeouts={"quarantine_s": 3600, "idle_ttl_s": 7200})
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _exec(handle)
     await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Odd write", "quarantine"))
-    with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
-    assert isinstance(refused.value.cause, ApplicationError)
-    assert refused.value.cause.type == "EpisodeQuarantined"
+    # The episode tells its calls workflow to hold before it freezes the sandbox.
+    await _until(lambda: "freeze" in node.calls)
+    with pytest.raises(EpisodeQuarantined):
+        await _exec(handle)
     with pytest.raises(WorkflowFailureError) as caught:  # an hour passes in no time
         await handle.result()
     assert "timed out after 3600 s" in str(_failure_of(caught.value).message)
@@ -338,13 +438,11 @@ async def test_release_thaws_and_the_episode_goes_on(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
     handle = await _start(env)
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _exec(handle)
     await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Odd write", "quarantine"))
     await handle.signal("release", OnCallRequest(by="bob"))
     await _until(lambda: "thaw" in node.calls)
-    assert (
-        await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
-    ).exit_code == 0
+    assert (await _exec(handle)).exit_code == 0
     await handle.execute_update(EpisodeWorkflow.finish)
     assert (await handle.result()).outcome == "completed"
     assert node.calls.count("freeze") == 1 and node.calls.count("thaw") == 1
@@ -372,7 +470,7 @@ async def test_an_update_to_an_ending_episode_names_how_it_ended(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
     handle = await _start(env)
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _exec(handle)
     await handle.signal("kill", OnCallRequest(reason="done with it"))
     with pytest.raises(WorkflowFailureError):
         await handle.result()
@@ -425,7 +523,7 @@ async def test_lost_node_fails_a_running_episode_without_teardown(
     env: WorkflowEnvironment, node: FakeNode
 ) -> None:
     handle = await _start(env)
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _exec(handle)
     await handle.signal("node_lost", NodeLostInput(node=NODE, reason=f"node lost: {NODE}"))
     with pytest.raises(WorkflowFailureError) as caught:
         await handle.result()
@@ -436,15 +534,48 @@ async def test_lost_node_fails_a_running_episode_without_teardown(
 
 async def test_another_nodes_loss_is_ignored(env: WorkflowEnvironment, node: FakeNode) -> None:
     handle = await _start(env)
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _exec(handle)
     await handle.signal("node_lost", NodeLostInput(node="n9", reason="node lost: n9"))
     await handle.execute_update(EpisodeWorkflow.finish)
     assert (await handle.result()).outcome == "completed"
 
 
+async def _lean_run_on_a_lost_node(
+    env: WorkflowEnvironment, node: FakeNode, *, idempotent: bool
+) -> WorkflowHandle[object, EpisodeResult]:
+    node.hang_on, node.rooms = NODE_QUEUE, [NODE, OTHER_NODE]
+    handle = await _start(env, steps=["echo 1", "echo 2"], idempotent_steps=idempotent)
+    await _until(lambda: "run_scripted" in node.calls)
+    await handle.signal("node_lost", NodeLostInput(node=NODE, reason=f"node lost: {NODE}"))
+    return handle
+
+
+async def test_a_lean_run_with_idempotent_steps_is_placed_again_when_its_node_is_lost(
+    own_env: WorkflowEnvironment, own_node: FakeNode
+) -> None:
+    node = own_node
+    handle = await _lean_run_on_a_lost_node(own_env, node, idempotent=True)
+    result = await handle.result()
+    assert result.outcome == "completed" and result.node == OTHER_NODE
+    assert [s.index for s in result.steps] == [0, 1]  # what ran on the lost node is not in it
+    assert node.provisioned_on == [OTHER_NODE_QUEUE]
+    assert node.excluded[1] == [NODE]
+
+
+async def test_a_lean_run_without_idempotent_steps_fails_with_its_node(
+    own_env: WorkflowEnvironment, own_node: FakeNode
+) -> None:
+    node = own_node
+    handle = await _lean_run_on_a_lost_node(own_env, node, idempotent=False)
+    with pytest.raises(WorkflowFailureError) as caught:
+        await handle.result()
+    assert _failure_of(caught.value).message == f"node lost: {NODE}"
+    assert node.provisioned_on == []
+
+
 async def _hibernated(env: WorkflowEnvironment) -> WorkflowHandle[object, EpisodeResult]:
     handle = await _start(env, interactive=True, timeouts={"hibernate_after_s": 60})
-    await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    await _exec(handle)
     await env.sleep(90)
     assert (await handle.query(EpisodeWorkflow.status)).state == "hibernated"
     return handle
@@ -457,7 +588,7 @@ async def test_a_hibernated_episode_whose_node_is_lost_wakes_on_another_from_the
     node.rooms = [NODE, OTHER_NODE]
     handle = await _hibernated(env)
     await handle.signal("node_lost", NodeLostInput(node=NODE, reason=f"node lost: {NODE}"))
-    step = await handle.execute_update(EpisodeWorkflow.exec_update, ExecRequest(cmd="true"))
+    step = await _exec(handle)
     assert step.ok
     assert node.provisioned_on == [NODE_QUEUE, OTHER_NODE_QUEUE]
     assert (await handle.query(EpisodeWorkflow.status)).node == OTHER_NODE

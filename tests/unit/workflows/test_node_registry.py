@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 from test_episode_time_skipping import _test_server
 
 from activities.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
-from workers.workflow_worker import workflow_runner
+from workers.temporal import workflow_runner
 from workflows.nodes import (
     FORGET_LOST_AFTER_S,
     HEARTBEAT_EVERY_S,

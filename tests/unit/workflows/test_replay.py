@@ -19,7 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from workers.workflow_worker import workflow_runner
+from workers.temporal import workflow_runner
 from workflows.episode import EpisodeWorkflow
 from workflows.models import EpisodeInput, EpisodeResult
 

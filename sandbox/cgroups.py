@@ -101,6 +101,18 @@ class ElasticCpu:
                 set_shares(sandbox_id, IDLE_SHARES, self._root)
 
 
+def is_frozen(sandbox_id: str, root: Path = CGROUP_ROOT) -> bool | None:
+    """Whether the sandbox's freezer holds it (frozen or freezing): what containerd
+    reports as paused or pausing, read without a round trip. None when its cgroup
+    is not where Corral puts it (ask containerd then)."""
+    v1 = cgroup_dir(sandbox_id, "freezer", root) / "freezer.state"
+    v2 = root / CGROUP_PARENT.strip("/") / sandbox_id / "cgroup.freeze"
+    for path, thawed in ((v1, "THAWED"), (v2, "0")):
+        with contextlib.suppress(OSError):
+            return path.read_text().strip() != thawed
+    return None
+
+
 def thaw_directly(sandbox_id: str, root: Path = CGROUP_ROOT) -> bool:
     """Thaw a frozen sandbox through the cgroup filesystem, around its shim.
 

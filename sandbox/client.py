@@ -103,6 +103,9 @@ class Containerd:
         self.agent_dir = socket_dir / "agent"  # the agents' channel FIFOs, one dir a sandbox
         self._attaching = asyncio.Lock()
         self._unattachable: set[str] = set()  # agents that did not answer an attach
+        # Sandboxes whose agent channel this process holds: a tool call looks its
+        # sandbox up without a round trip while the channel lives (it ends with PID 1).
+        self._known: dict[str, Sandbox] = {}
         # containerd's root dir in that layout: the snapshotter's quota filesystem is there.
         self._containerd_root = socket_dir / "root"
         # The snapshotter's filesystem, read once: /proc/self/mountinfo grows with
@@ -412,8 +415,8 @@ class Containerd:
         async with self._id_locks.hold(key):
             if await self.images._has_snapshot(key):
                 return key
-            scratch = self.workspace_root.parent / "remap"
-            prepare_key = f"{key}-prepare"
+            scratch = self._remap_scratch_dir()
+            prepare_key = userns.scratch_key(key)
             with contextlib.suppress(grpc.aio.AioRpcError):  # a crashed earlier attempt
                 await self._conn.snapshots.Remove(
                     snapshots_pb2.RemoveSnapshotRequest(
@@ -449,6 +452,28 @@ class Containerd:
                     )
                 raise
             return key
+
+    def _remap_scratch_dir(self) -> Path:
+        return self.workspace_root.parent / "remap"
+
+    async def clear_stale_remaps(self, older_than_s: float) -> list[str]:
+        """Remove what a remap killed mid-way left: its scratch snapshot and mount.
+
+        Only those older than ``older_than_s``, so a remap under way is left alone;
+        the next remap of that range would remove the snapshot too, but an idle
+        node must not hold it (and its lease) forever."""
+        if any(userns.is_remapped_key(key) for key in self._id_locks.held()):
+            return []  # this process is remapping: its scratch is not stale (next reap)
+        await userns.clear_stale_mounts(self._remap_scratch_dir(), older_than_s)
+        now = time.time()
+        stale = [
+            info.name
+            for info in await self._snapshot_infos()
+            if info.kind != snapshots_pb2.COMMITTED
+            and userns.is_scratch_key(info.name)
+            and now - info.created_at.ToSeconds() >= older_than_s
+        ]
+        return [key for key in stale if await self._remove_snapshot(key)]
 
     async def _tie_to_image(self, image: str, key: str, mapping: userns.IdMapping) -> None:
         """Keep the remapped copy exactly as long as the image."""
@@ -505,13 +530,23 @@ class Containerd:
             )
         except grpc.aio.AioRpcError as err:
             raise map_grpc_error(err, f"sandbox {sandbox_id}") from err
+        finally:
+            self._known.pop(sandbox_id, None)
         return merged
 
     async def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        known = self._known.get(sandbox_id)
+        if known is not None and self.agent_channel(sandbox_id) is not None:
+            return known
         container = await self._get_container(sandbox_id)
         if container is None:
             raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist")
-        return self._sandbox_from(container)
+        sandbox = self._sandbox_from(container)
+        if self.agent_channel(sandbox_id) is not None:
+            self._known[sandbox_id] = sandbox
+        else:
+            self._known.pop(sandbox_id, None)
+        return sandbox
 
     async def list_sandboxes(self, label_filter: dict[str, str] | None = None) -> list[SandboxInfo]:
         filters = {SANDBOX_LABEL: "1", **(label_filter or {})}
@@ -550,6 +585,7 @@ class Containerd:
         removed = await volumes.remove_workspace(self.workspace_root, sandbox_id) or removed
         agent.forget(self.agent_dir / sandbox_id)
         self._unattachable.discard(sandbox_id)
+        self._known.pop(sandbox_id, None)
         return removed
 
     def _agent_for(self, spec: SandboxSpec) -> bool:
@@ -756,6 +792,10 @@ class KeyedLocks:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+    def held(self) -> list[str]:
+        """Keys someone holds or waits for now."""
+        return list(self._locks)
 
 
 def _check_host_support(spec: SandboxSpec) -> None:

@@ -18,6 +18,7 @@ from sandbox import network
 from sandbox._gen.cgroups.stats.v1 import metrics_pb2 as cgroup_metrics_pb2
 from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
 from sandbox._gen.containerd.api.types.task import task_pb2
+from sandbox.cgroups import is_frozen
 from sandbox.connection import Connection
 from sandbox.errors import FileNotFound, SandboxError, SandboxNotFound, SandboxPaused
 from sandbox.exec_io import (
@@ -226,11 +227,11 @@ class Sandbox:
         the exec vanished before its exit code was recorded.
         """
         files = ExecFiles(output_dir)
-        if not files.started:
-            return None
         if (output_dir / AGENT_MARKER).exists() and files.end() is None:
             # Its channel died with the process that sent it: never run it twice.
             raise SandboxError(f"exec {exec_id} in sandbox {self.id!r} was lost with its worker")
+        if not files.started:
+            return None
         if files.end() is None:
             process = await self._exec_process(exec_id)
             if process.status == task_pb2.CREATED:  # made, never started: run it afresh
@@ -293,9 +294,10 @@ class Sandbox:
         timeout_s: float | None,
         output_limit_bytes: int,
     ) -> RawExecResult:
-        """exec_durable through the agent: the result lands in the same files, so
-        the step journal reads it alike; a call cut off by a crash is never rerun."""
-        files = ExecFiles.create(output_dir, False)
+        """exec_durable through the agent. Its channel dies with this process, so
+        there is nothing to reattach to: the marker alone makes ``reattach_exec``
+        report the call lost (never run twice), and the caller journals the result."""
+        output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / AGENT_MARKER).touch()
         result = await self._agent_run(
             channel,
@@ -306,10 +308,7 @@ class Sandbox:
             timeout_s=timeout_s,
             output_limit_bytes=output_limit_bytes,
         )
-        (output_dir / "stdout").write_bytes(result.stdout)
-        (output_dir / "stderr").write_bytes(result.stderr)
-        files.record_end(result.exit_code, result.timed_out)
-        return _durable_result(files, output_limit_bytes)
+        return _raw_of(result)
 
     async def _exec_process(self, exec_id: str) -> Any:
         try:
@@ -506,6 +505,9 @@ class Sandbox:
         return Path(f"/proc/{resp.process.pid}/root")
 
     async def _is_paused(self) -> bool:
+        frozen = is_frozen(self.id)
+        if frozen is not None:
+            return frozen
         try:
             return await self.status() in ("paused", "pausing")
         except SandboxError:

@@ -29,6 +29,7 @@ import hashlib
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,25 @@ class IdMapping:
     @property
     def snapshot_suffix(self) -> str:
         return f"@userns-{self.host_id}-{self.size}"
+
+
+SCRATCH_MOUNT_PREFIX = "remap-"  # where a remap mounts its scratch snapshot to shift it
+SCRATCH_SUFFIX = "-prepare"  # the active snapshot a remap shifts before committing it
+
+
+def scratch_key(remapped_key: str) -> str:
+    """The key a remap prepares ``remapped_key`` under until it commits."""
+    return remapped_key + SCRATCH_SUFFIX
+
+
+def is_remapped_key(key: str) -> bool:
+    """An image chain's copy shifted into a range (``IdMapping.snapshot_suffix``)."""
+    return "@userns-" in key
+
+
+def is_scratch_key(key: str) -> bool:
+    """A remap's scratch snapshot: a node killed mid-remap leaves one behind."""
+    return is_remapped_key(key) and key.endswith(SCRATCH_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -161,7 +181,7 @@ def mount_argv(mounts: Sequence[Any], target: Path) -> list[str]:
 async def shift_mounted(mounts: Sequence[Any], mapping: IdMapping, scratch: Path) -> int:
     """Mount a prepared snapshot under ``scratch``, shift its tree, unmount."""
     scratch.mkdir(parents=True, exist_ok=True)
-    target = Path(tempfile.mkdtemp(prefix="remap-", dir=scratch))
+    target = Path(tempfile.mkdtemp(prefix=SCRATCH_MOUNT_PREFIX, dir=scratch))
     try:
         await run_tool("remap image: mount", *mount_argv(mounts, target), error=UsernsError)
         try:
@@ -170,6 +190,18 @@ async def shift_mounted(mounts: Sequence[Any], mapping: IdMapping, scratch: Path
             await run_tool("remap image: unmount", "umount", str(target), error=UsernsError)
     finally:
         with contextlib.suppress(OSError):
+            target.rmdir()
+
+
+async def clear_stale_mounts(scratch: Path, older_than_s: float) -> None:
+    """Unmount and remove the mount points of remaps killed mid-shift."""
+    now = time.time()
+    for target in sorted(scratch.glob(SCRATCH_MOUNT_PREFIX + "*")):
+        with contextlib.suppress(OSError):
+            if now - target.stat().st_mtime < older_than_s:
+                continue
+            with contextlib.suppress(UsernsError):  # not mounted: killed before or after
+                await run_tool("remap: unmount stale", "umount", str(target), error=UsernsError)
             target.rmdir()
 
 

@@ -621,7 +621,8 @@ class NodeActivities:
     @activity.defn(name="corral.reap_orphans")
     async def reap_orphans(self, input: ReapInput) -> ReapResult:
         """Remove sandboxes whose workflow is closed or unknown (terminated, lost),
-        and the rootfs snapshots of creates a crash cut off before their container."""
+        the rootfs snapshots of creates a crash cut off before their container,
+        and the scratch of an image remap a crash cut off."""
         if self._temporal is None:
             raise ApplicationError("node worker has no Temporal client", non_retryable=True)
         sandboxes = await _mapped(self._containerd.list_sandboxes({"corral.sandbox": "1"}))
@@ -641,6 +642,7 @@ class NodeActivities:
         for key in await _mapped(self._containerd.orphan_snapshots(known, input.grace_s)):
             await self.teardown(TeardownInput(sandbox_id=key))
             removed.append(key)
+        removed += await _mapped(self._containerd.clear_stale_remaps(input.grace_s))
         return ReapResult(node=self.node, checked=len(sandboxes), removed=removed)
 
     async def _workflow_open(self, workflow_id: str) -> bool:

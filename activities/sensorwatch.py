@@ -17,12 +17,14 @@ on its unix socket (`StackConfig.sensor_socket(node)`, served by
   ``gap``: the sensor restarted or lost records meanwhile, ``unsupported``:
   the bpftrace backend has no ticks, ``off``: no sensor on this stack).
 
-The protocol: one JSON line each way per connection.
+The protocol: one JSON line each way per question; a connection carries
+many in turn, and the watch keeps idle ones for the next question.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ VerdictStatus = Literal["ok", "behind", "down", "gap", "unsupported", "off"]
 PING_TIMEOUT_S = 5.0
 REQUIRE_WAIT_S = 60.0  # a command waits this long for a restarting sensor
 REQUIRE_RETRY_S = 0.5
+IDLE_CONNECTIONS = 32  # kept open for the next question (one per call in flight)
 
 
 class SensorDown(CorralError):
@@ -75,6 +78,7 @@ class SensorWatch:
         self.required = required
         self.settle_timeout_s = settle_timeout_s
         self.wait_s = wait_s
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def require(self) -> int:
         """The sensor's gap count once it watches. A sensor that is restarting
@@ -111,14 +115,35 @@ class SensorWatch:
 
     async def _ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
-            try:
-                writer.write(json.dumps(request).encode() + b"\n")
-                await writer.drain()
-                line = await reader.readline()
-            finally:
-                writer.close()
-        answer = json.loads(line)
-        if not isinstance(answer, dict):
-            raise ValueError(f"sensor answered {line[:100]!r}")
+            while self._idle:  # one kept from an earlier question; stale if the sensor restarted
+                connection = self._idle.pop()
+                with contextlib.suppress(OSError, ValueError, RuntimeError):  # (another loop's)
+                    return await self._exchange(connection, request)
+            connection = await asyncio.open_unix_connection(str(self.socket_path))
+            return await self._exchange(connection, request)
+
+    async def _exchange(
+        self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One question on ``connection``, kept for the next one if it was answered."""
+        reader, writer = connection
+        try:
+            writer.write(json.dumps(request).encode() + b"\n")
+            await writer.drain()
+            line = await reader.readline()
+            answer = json.loads(line)  # b"" (the sensor hung up): ValueError
+            if not isinstance(answer, dict):
+                raise ValueError(f"sensor answered {line[:100]!r}")
+        except BaseException:
+            writer.close()  # a half-read answer must not reach the next question
+            raise
+        if len(self._idle) < IDLE_CONNECTIONS:
+            self._idle.append(connection)
+        else:
+            writer.close()
         return answer
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()

@@ -42,7 +42,8 @@ from sandbox.snapshot_gc import collect_snapshots
 from sandbox.userns import UidPool
 from workers.config import StackConfig, load_config
 from workers.heartbeat import heartbeat_forever
-from workers.temporal import connect
+from workers.temporal import connect, workflow_runner
+from workflows.calls import EpisodeCallsWorkflow
 
 log = logging.getLogger("corral.node")
 SNAPSHOT_GC_EVERY_S = 300.0
@@ -143,6 +144,9 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         worker = Worker(
             client,
             task_queue=config.node_task_queue(node),
+            # Interactive episodes' calls: run here, their steps as local activities.
+            workflows=[EpisodeCallsWorkflow],
+            workflow_runner=workflow_runner(),
             activities=[
                 *node_activities.activities(),
                 *snapshots.activities(),
@@ -166,6 +170,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         for task in background:
             task.cancel()
         records.close()
+        sensor.close()
         await containerd.close()
         metrics.close()
         flush_tracing()

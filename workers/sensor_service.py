@@ -1,5 +1,7 @@
 """The sensor's unix socket: ``ping`` and ``settle`` for the node worker.
 
+One JSON request a line, answered in turn, as many on a connection as the client sends.
+
 The client and the protocol are in `activities/sensorwatch.py`. ``settle``
 is the watermark: a tick through the tracer (everything the kernel wrote
 before it has been parsed and handed to the pipeline), then the sandbox's
@@ -65,11 +67,13 @@ class SensorService:
         return {"status": status, "gaps": self.gaps(), "actions": actions}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Requests in turn until the client hangs up: the node worker keeps its
+        connections open (a connect per question cost both sides CPU per call)."""
         try:
-            line = await reader.readline()
-            answer = await self._answer(line)
-            writer.write(json.dumps(answer).encode() + b"\n")
-            await writer.drain()
+            while line := await reader.readline():
+                answer = await self._answer(line)
+                writer.write(json.dumps(answer).encode() + b"\n")
+                await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

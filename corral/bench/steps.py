@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
+from temporalio.service import RPCError, RPCStatusCode
 
 from corral.bench.core import _percentile, _ratio
 from corral.bench.engines import PEER_IMAGE, EngineUnavailable, docker_engine
@@ -48,6 +49,7 @@ from sandbox.models import SandboxSpec
 from sandbox.oci_archive import build_busybox_image
 from sandbox.sandbox import Sandbox
 from workers.config import StackConfig
+from workflows.calls import calls_workflow_id
 
 NAMESPACE = "corral-bench-steps"  # the sandbox-layer and ctr sides' own namespace
 SINGLE_CALLS = 20  # the one-at-a-time series on an otherwise idle sandbox
@@ -144,7 +146,9 @@ async def _measure(side: StepSide, plan: Plan, call: Call) -> StepSide:
 # ------------------------------------------------------------- Corral
 async def _corral_side(config: StackConfig, plan: Plan) -> StepSide:
     path = "exec agent" if config.workers.exec_agent else "runc exec"
-    side = StepSide(name="corral episode.exec", path=f"Temporal Update + activity, {path}")
+    side = StepSide(
+        name="corral episode.exec", path=f"Temporal Update + local activity on the node, {path}"
+    )
     corral = await Corral.connect(config)
     tag = uuid.uuid4().hex[:8]
     spec = {"image": "busybox", "interactive": True, "labels": {"bench": tag}}
@@ -177,8 +181,17 @@ async def _corral_side(config: StackConfig, plan: Plan) -> StepSide:
 
 
 async def _history_length(corral: Corral, episode: Episode) -> int:
-    history = await corral.client.get_workflow_handle(episode.id).fetch_history()
-    return len(history.events)
+    """Events of the episode and of its calls workflow (workflows/calls.py)."""
+    total = 0
+    for workflow_id in (episode.id, calls_workflow_id(episode.id)):
+        try:
+            history = await corral.client.get_workflow_handle(workflow_id).fetch_history()
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            continue  # no calls workflow: the calls went to the episode
+        total += len(history.events)
+    return total
 
 
 # ------------------------------------------------------- sandbox layer

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox.agent import AgentChannel
 from sandbox.client import Containerd
-from sandbox.errors import SandboxNotFound
+from sandbox.errors import SandboxError, SandboxNotFound
 from sandbox.sandbox import Sandbox
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
@@ -148,12 +148,15 @@ async def test_a_durable_step_runs_through_the_agent(
 ) -> None:
     sandbox = await make_agent_sandbox()
     out = tmp_path / "step"
-    raw = await sandbox.exec_durable(["/bin/sh", "-c", "echo step"], exec_id="s-1", output_dir=out)
+    cmd = ["/bin/sh", "-c", "echo step; echo ran >> /tmp/runs"]
+    raw = await sandbox.exec_durable(cmd, exec_id="s-1", output_dir=out)
     assert (raw.exit_code, raw.stdout) == (0, b"step\n")
     assert (out / "agent").exists()
-    # The journal's reattach reads the recorded result, never reruns it.
-    again = await sandbox.reattach_exec("s-1", out, timeout_s=5)
-    assert again is not None and again.stdout == b"step\n"
+    # The agent's channel dies with its worker: a reattach (a worker that died
+    # before journaling the result) reports the call lost, never reruns it.
+    with pytest.raises(SandboxError, match="lost with its worker"):
+        await sandbox.reattach_exec("s-1", out, timeout_s=5)
+    assert (await sandbox.exec(["cat", "/tmp/runs"])).stdout == "ran\n"
 
 
 async def test_a_call_cut_off_by_the_sandbox_s_end_raises_sandbox_not_found(

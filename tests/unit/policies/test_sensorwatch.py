@@ -60,6 +60,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[SensorService, SensorWat
         service.socket_path, enabled=True, required=True, settle_timeout_s=0.5, wait_s=0.3
     )
     yield service, watch
+    watch.close()
     await service.stop()
 
 
@@ -135,3 +136,28 @@ async def test_a_malformed_request_gets_an_error_not_a_crash(
     answer: Any = await reader.readline()
     writer.close()
     assert b"bad request" in answer
+
+
+async def test_questions_share_a_connection_and_a_dropped_one_is_replaced(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    """The watch keeps its connection between questions (a connect per call cost
+    CPU on both sides); one the sensor dropped (a restart) is replaced unseen."""
+    service, watch = served
+    connections: list[asyncio.StreamWriter] = []
+    serve = service._serve
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        await serve(reader, writer)
+
+    service._serve = counted  # type: ignore[method-assign]
+    await service.stop()
+    await service.start()  # listening again, through `counted`
+    for _ in range(5):
+        assert (await watch.settle(SANDBOX, await watch.require())).status == "ok"
+    assert len(connections) == 1
+    connections[0].close()  # the sensor side goes away
+    await asyncio.sleep(0.05)
+    assert (await watch.settle(SANDBOX)).status == "ok"
+    assert len(connections) == 2

@@ -22,6 +22,9 @@ import pytest_asyncio
 from corral.bench.drill import BENIGN_JOB, Drill, Job, RunRecord, benign_job
 from corral.bench.drill_cases import CASES, PATHS, Case, runnable_cases
 from corral.sdk import Corral
+from sandbox.images import resolve_image_name
+from tests.integration.conftest import wait_for
+from workflows.nodes import list_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +32,7 @@ WARM_PATHS = ("warm-interactive", "warm-lean", "stepwise", "hibernate-wake", "ba
 COLD_PATHS = ("cold-interactive", "cold-lean")
 BATCH_N = 2
 LANE_CONCURRENCY = 4
+POOL_REFILL_WAIT_S = 180.0  # a warm path starts once the pool is full again
 # Each case runs this many times per path (its own episode each): the misses
 # issue 20 describes were races, so `CORRAL_DETECTION_ROUNDS=5` makes a soak run.
 ROUNDS = max(1, int(os.environ.get("CORRAL_DETECTION_ROUNDS", "1")))
@@ -60,9 +64,26 @@ class PathRuns:
         drill = Drill(self.corral, concurrency=LANE_CONCURRENCY, batch_n=BATCH_N)
         for path in paths:
             try:
+                if path in WARM_PATHS:
+                    await self._pool_refilled()
                 self._runs[path].set_result(await drill.run_path(path, self.jobs))
             except Exception as err:
                 self._runs[path].set_exception(err)
+
+    async def _pool_refilled(self) -> None:
+        """Until every node's heartbeat reports its warm pool full: the path before
+        drew it down, and a path started on an empty pool would run cold."""
+        pool = self.corral.config.workers.warm_pool
+
+        async def full() -> bool:
+            nodes = await list_nodes(self.corral.client)
+            return bool(nodes) and all(
+                info.heartbeat.warm.get(resolve_image_name(image), 0) >= size
+                for info in nodes
+                for image, size in pool.items()
+            )
+
+        await wait_for(full, timeout_s=POOL_REFILL_WAIT_S)
 
     async def get(self, path: str) -> list[RunRecord]:
         if not self._lanes:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import ssl
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from sandbox.errors import ContainerdUnavailable, CorralError
 from tests.integration.conftest import wait_for
 from workers.netns import Rig
 from workers.stack import Stack
-from workflows.nodes import list_nodes
+from workflows.episode import sandbox_id_for
+from workflows.nodes import forget_node, list_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +50,7 @@ async def _node_state(corral: Corral, node: str) -> str | None:
     return next((info.state for info in nodes if info.name == node), None)
 
 
-def _state_is(corral: Corral, node: str, state: str) -> Callable[[], Awaitable[bool]]:
+def _state_is(corral: Corral, node: str, state: str | None) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return await _node_state(corral, node) == state
 
@@ -202,6 +204,9 @@ async def test_killed_node_is_lost_then_rejoins_and_reaps(
         with pytest.raises(EpisodeError, match="node lost: node-2"):
             await episode.result(timeout_s=120)
         assert await _node_state(fleet_corral, "node-2") == "lost"
+        # `corral node forget`: a lost node leaves the list at once ...
+        await forget_node(fleet_corral.client, "node-2", by="test")
+        await wait_for(_state_is(fleet_corral, "node-2", None))
     finally:
         if await fleet_corral.is_running(episode.id):  # the test failed midway
             await fleet.node_up("node-2")  # the sandbox must not outlive the test
@@ -209,12 +214,84 @@ async def test_killed_node_is_lost_then_rejoins_and_reaps(
             with contextlib.suppress(CorralError):
                 await episode.result(timeout_s=120)  # teardown has run
 
-    await fleet.node_up("node-2")
+    await fleet.node_up("node-2")  # ... and rejoins when it beats again
     assert sandbox_id not in await _sandbox_ids(fleet, "node-2")
     assert f"reaped 1 leftover sandboxes on node-2: {sandbox_id[:12]}" in (
         fleet.process("node-worker-node-2").log_tail(200)
     )
     await wait_for(_state_is(fleet_corral, "node-2", "ready"))
+
+
+async def test_a_lean_episode_with_idempotent_steps_moves_off_a_lost_node(
+    fleet: Stack, fleet_corral: Corral
+) -> None:
+    """A lean run (one node activity) cannot tell which of its steps ran on the
+    node that died; when the spec says they may run twice it is placed again."""
+    spec = {"image": "busybox", "steps": ["sleep 20", "echo moved"], "idempotent_steps": True}
+    episode = await fleet_corral.start_episode(spec, node="node-3")
+    try:
+        sandbox_id = sandbox_id_for(episode.id)
+        await wait_for(_holds(fleet, "node-3", sandbox_id), timeout_s=60)
+        assert await fleet.node_kill("node-3")
+        result = await episode.result(timeout_s=240)
+        assert result.outcome == "completed" and result.node in {"node-1", "node-2"}
+        assert [s.stdout for s in result.steps] == ["", "moved\n"]
+    finally:
+        await fleet.node_up("node-3")  # reaps the dead run's sandbox: its episode ended
+        await wait_for(_state_is(fleet_corral, "node-3", "ready"))
+    assert sandbox_id not in await _sandbox_ids(fleet, "node-3")
+
+
+async def test_node_down_drains_and_waits_for_its_episodes(
+    fleet: Stack, fleet_corral: Corral
+) -> None:
+    """`corral node down` (no `--now`): no new episode goes to the node, the one
+    running there finishes, then the node stops."""
+    episode = await fleet_corral.start_episode(
+        {"image": "busybox", "steps": ["sleep 25", "echo finished"]}, node="node-3"
+    )
+    down: asyncio.subprocess.Process | None = None
+    # The rig's own settings only: the session stack's CORRAL_* variables are in
+    # this process's environment and would point the CLI at that stack.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["CORRAL_STATE_DIR"] = str(fleet.config.state)
+    try:
+        await wait_for(_holds(fleet, "node-3", sandbox_id_for(episode.id)), timeout_s=60)
+        down = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "corral", "node", "down", "node-3", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        # The CLI reports the drain once placement has had time to see it.
+        output = await _read_until(down, "is draining:", timeout_s=60)
+        assert await _node_state(fleet_corral, "node-3") == "draining"
+        others = [await fleet_corral.run_episode({"image": "busybox", "steps": ["true"]})]
+        result = await episode.result(timeout_s=120)
+        output += (await down.communicate())[0].decode()
+        assert down.returncode == 0, output
+    finally:
+        if down is not None and down.returncode is None:  # the test failed midway
+            down.kill()
+            await down.wait()
+        await fleet.node_up("node-3")
+    assert result.outcome == "completed" and result.steps[-1].stdout == "finished\n"
+    assert others[0].node != "node-3"
+    assert "node-3 is draining: 1 episodes still running" in output
+    assert "stopped: " in output and "node-worker-node-3" in output
+    await wait_for(_state_is(fleet_corral, "node-3", "ready"))
+
+
+async def _read_until(process: asyncio.subprocess.Process, text: str, timeout_s: float) -> str:
+    """What the process printed up to the first line holding `text`; all of it
+    in the failure if it ends or times out first."""
+    assert process.stdout is not None
+    seen = ""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while line := (await process.stdout.readline()).decode():
+                seen += line
+                if text in line:
+                    return seen
+    raise AssertionError(f"no {text!r} in what the CLI printed:\n{seen}")
 
 
 def _holds(fleet: Stack, node: str, sandbox_id: str) -> Callable[[], Awaitable[bool]]:

@@ -11,7 +11,8 @@ from types import ModuleType
 import pytest
 
 from corral import Corral
-from corral.env import CorralEnv, SyncCorralEnv, Task, run_group
+from corral.env import CorralEnv, Rollout, SyncCorralEnv, Task, run_group
+from corral.errors import CorralError
 from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
@@ -93,12 +94,22 @@ async def test_a_group_shares_its_prefix(corral: Corral, fork: bool) -> None:
     assert len({r.episode_id for r in rollouts}) == 3
 
 
+async def _why(corral: Corral, rollout: Rollout) -> str:
+    """How a rollout's episode ended, from its result (for a failure message)."""
+    try:
+        result = await corral.episode(rollout.episode_id).result(timeout_s=60)
+    except CorralError as err:
+        return f"{rollout.episode_id}: {err}"
+    return f"{rollout.episode_id}: {result.outcome}: {result.reason}"
+
+
 async def test_rl_loop_example_runs_8_groups_of_4(corral: Corral) -> None:
     rl_loop = _rl_loop()
     groups = await rl_loop.train(corral, groups=8, size=4)
     rollouts = [rollout for group in groups for rollout in group]
     assert [len(group) for group in groups] == [4] * 8
-    assert {r.outcome for r in rollouts} == {"completed"}
+    not_completed = [await _why(corral, r) for r in rollouts if r.outcome != "completed"]
+    assert not not_completed, not_completed
     # The plans are a mix of right and wrong answers: both rewards appear.
     assert {r.reward for r in rollouts} == {0.0, 1.0}
     assert len({r.episode_id for r in rollouts}) == 32

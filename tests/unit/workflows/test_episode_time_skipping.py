@@ -21,7 +21,7 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -257,7 +257,10 @@ async def _workers(env: WorkflowEnvironment) -> AsyncIterator[FakeNode]:
         _node_worker(env, NODE_QUEUE, node_side),
         _node_worker(env, OTHER_NODE_QUEUE, node_side),
     ):
-        yield fake
+        try:
+            yield fake
+        finally:
+            await _terminate_leftovers()
 
 
 @pytest.fixture(scope="module")
@@ -302,13 +305,29 @@ async def _start(env: WorkflowEnvironment, **spec: object) -> WorkflowHandle[obj
     episode = EpisodeInput.model_validate(
         {"spec": {"image": "busybox", **spec}, "max_steps_per_run": max_steps}
     )
-    return await env.client.start_workflow(
+    handle = await env.client.start_workflow(
         EpisodeWorkflow.run,  # type: ignore[arg-type]
         episode,
         id=f"ts-{uuid.uuid4().hex[:8]}",
         task_queue=WORKFLOW_QUEUE,
         result_type=EpisodeResult,
     )
+    _started.append((env.client, handle.id))
+    return handle
+
+
+# Every episode a test started, ended when the test ends (`_terminate_leftovers`).
+_started: list[tuple[Client, str]] = []
+
+
+async def _terminate_leftovers() -> None:
+    """A test that failed midway leaves its episode open: that episode's timers
+    would fire in a later test's skipped time and stall the test server's clock."""
+    while _started:
+        client, workflow_id = _started.pop()
+        for leftover in (workflow_id, calls_workflow_id(workflow_id)):
+            with contextlib.suppress(RPCError):  # closed already, or never started
+                await client.get_workflow_handle(leftover).terminate("its test ended")
 
 
 async def _exec(handle: WorkflowHandle[object, EpisodeResult], cmd: str = "true") -> StepResult:
@@ -322,6 +341,14 @@ async def _until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("condition never held")
+
+
+async def _until_state(handle: WorkflowHandle[object, EpisodeResult], state: str) -> None:
+    for _ in range(200):
+        if (await handle.query(EpisodeWorkflow.status)).state == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{handle.id} never became {state}")
 
 
 async def _calls_running(
@@ -442,6 +469,8 @@ async def test_release_thaws_and_the_episode_goes_on(
     await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Odd write", "quarantine"))
     await handle.signal("release", OnCallRequest(by="bob"))
     await _until(lambda: "thaw" in node.calls)
+    # `running` once thawed and its calls workflow told to take calls again.
+    await _until_state(handle, "running")
     assert (await _exec(handle)).exit_code == 0
     await handle.execute_update(EpisodeWorkflow.finish)
     assert (await handle.result()).outcome == "completed"

@@ -17,7 +17,7 @@ lint: setup
 	.venv/bin/mypy --check-untyped-defs
 
 unit: setup
-	.venv/bin/pytest -q tests/unit
+	.venv/bin/pytest -q -n auto tests/unit
 
 up: setup
 	.venv/bin/corral up

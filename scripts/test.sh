@@ -12,5 +12,15 @@ echo "== lint"
 .venv/bin/ruff format --check .
 .venv/bin/mypy --check-untyped-defs
 
-echo "== tests"
-.venv/bin/pytest -q -p no:cacheprovider --durations=15 tests "$@"
+pytest=(.venv/bin/pytest -q -p no:cacheprovider)
+if (($#)); then  # what the caller named, in one session
+  echo "== tests"
+  "${pytest[@]}" --durations=15 "$@"
+  exit
+fi
+# Unit tests need no service and share nothing: one process a core.
+echo "== unit tests"
+"${pytest[@]}" -n auto tests/unit
+# The rest share one stack per session (tests/integration/conftest.py): in turn.
+echo "== integration and end-to-end tests"
+"${pytest[@]}" --durations=15 tests --ignore=tests/unit

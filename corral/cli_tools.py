@@ -108,7 +108,7 @@ def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool)
 @click.option(
     "--fork",
     is_flag=True,
-    help="Instead: snapshot, fork into 8 and hibernate -> restore, through the stack.",
+    help="Instead: snapshot, fork into 8 and into 32, hibernate -> restore, through the stack.",
 )
 @click.option("--fork-rounds", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option(

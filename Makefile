@@ -25,5 +25,5 @@ up: setup
 down:
 	.venv/bin/corral down
 
-bench: setup
+bench: up  # every mode measures the running stack
 	.venv/bin/corral bench

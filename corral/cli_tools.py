@@ -176,6 +176,7 @@ async def bench(
     """Measure Corral and the raw containerd baseline side by side; print ratios."""
     from corral.bench.core import describe, run_bench, run_density
 
+    await _require_stack(ctx)
     if density is not None:
         held = await _with_progress(
             "idle sandboxes",
@@ -339,6 +340,19 @@ async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> N
         lambda tick: run_defense(ctx.config, n=n, density=density, tick=tick),
     )
     _show(report, as_json)
+
+
+async def _require_stack(ctx: Context) -> None:
+    """Every mode measures the running stack: say so in one line when it is not up."""
+    from workers.stack import Stack
+
+    status = await Stack(ctx.config).status()
+    down = [c.name for c in status.components if not c.healthy]
+    if down:
+        fail(
+            f"the stack under {ctx.config.state} is not up ({', '.join(down)}): "
+            "start it with `corral up`, then bench"
+        )
 
 
 async def _bench_fork(ctx: Context, rounds: int, data_mb: int, as_json: bool) -> None:

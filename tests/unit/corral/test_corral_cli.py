@@ -78,6 +78,7 @@ def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         (("episode", "list"), "cannot reach Temporal at 127.0.0.1:1"),
         (("policy", "explain", "No such rule"), "no rule named"),
         (("report", "--since", "yesterday"), "--since 'yesterday'"),
+        (("bench", "--steps"), "is not up (temporal, containerd-node-1"),
     ],
 )
 def test_bad_input_gets_a_one_line_error(

@@ -66,8 +66,9 @@ from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
 from observability.tracing import span
 from sandbox import Containerd, ExecResult, SandboxSpec, network
-from sandbox.cgroups import CPU_MODE_LABEL, IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
+from sandbox.cgroups import IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, ImageNotFound, SandboxError, SandboxNotFound
+from sandbox.labels import CPU_MODE_LABEL, NODE_LABEL, OWNER_LABEL
 from sandbox.registry import RegistryOptions
 from sandbox.userns import range_for_tenant
 
@@ -202,14 +203,14 @@ class NodeActivities:
     async def _provision(self, input: ProvisionInput) -> ProvisionResult:
         started = time.monotonic()
         spec = sandbox_spec_for(input.spec, input.labels)
-        workflow_id = input.labels.get("corral.workflow_id", "")
+        workflow_id = input.labels.get(OWNER_LABEL, "")
         existing = None
         if not _first_attempt():  # only an earlier attempt can have left one
             existing = await self._owned_sandbox(input.sandbox_id, workflow_id)
         attrs = {
             "corral.image": spec.image,
-            "corral.node": self.node,
-            "corral.workflow_id": workflow_id,
+            NODE_LABEL: self.node,
+            OWNER_LABEL: workflow_id,
         }
         source: ProvisionSource = "existing"
         with span("corral.provision", **attrs) as current:
@@ -280,7 +281,7 @@ class NodeActivities:
             return derived_id
         if self._pool is None or not workflow_id:
             return None
-        owned = await self._containerd.list_sandboxes({"corral.workflow_id": workflow_id})
+        owned = await self._containerd.list_sandboxes({OWNER_LABEL: workflow_id})
         return owned[0].id if owned else None
 
     @activity.defn(name="corral.teardown")
@@ -631,7 +632,7 @@ class NodeActivities:
         for info in sandboxes:
             with contextlib.suppress(RuntimeError):  # also run by the node worker at start
                 activity.heartbeat(info.id)
-            workflow_id = info.labels.get("corral.workflow_id")
+            workflow_id = info.labels.get(OWNER_LABEL)
             created = _as_utc(info.created_at)
             young = created is not None and (now - created).total_seconds() < input.grace_s
             if not workflow_id or young or await self._workflow_open(workflow_id):

@@ -38,10 +38,10 @@ from activities.foreground import Foreground
 from sandbox import Containerd, SandboxSpec, resolve_image_name
 from sandbox.cgroups import IDLE_SHARES
 from sandbox.errors import CorralError
+from sandbox.labels import NODE_LABEL, POOL_LABEL
 
 log = logging.getLogger("corral.pool")
 
-POOL_LABEL = "corral.pool"
 REFILL_BACKOFF_S = 5.0
 CLAIM_WINDOW_S = 300.0
 BURST_S = 10.0
@@ -205,6 +205,6 @@ class WarmPool:
 
     async def _add(self, image: str) -> None:
         sandbox_id = secrets.token_hex(32)  # hex, like every sandbox id (Falco's container.id)
-        labels = {POOL_LABEL: "warm", "corral.node": self._node}
+        labels = {POOL_LABEL: "warm", NODE_LABEL: self._node}
         await self._containerd.create_sandbox(sandbox_id, self._templates[image], labels)
         self._ready[image].append(sandbox_id)

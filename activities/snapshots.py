@@ -24,12 +24,10 @@ from activities.node import _heartbeating, _mapped
 from sandbox import Containerd
 from sandbox.errors import ContainerdUnavailable, ImageNotFound
 from sandbox.images import resolve_image_name
+from sandbox.labels import LAYER_BYTES_LABEL, PARENT_EPISODE_LABEL, SNAPSHOT_NODE_LABEL
 from sandbox.models import ImageInfo
 from sandbox.registry import RegistryOptions
 from sandbox.snapshot import (
-    LAYER_BYTES_LABEL,
-    NODE_LABEL,
-    PARENT_EPISODE_LABEL,
     commit_sandbox,
     copy_image,
     is_local_snapshot,
@@ -61,7 +59,7 @@ class SnapshotActivities:
     async def snapshot(self, input: SnapshotInput) -> SnapshotResult:
         """Commit the sandbox's writable layer as image ``input.ref`` (idempotent by ref)."""
         started = time.monotonic()
-        labels = {PARENT_EPISODE_LABEL: input.episode_id, NODE_LABEL: self.node}
+        labels = {PARENT_EPISODE_LABEL: input.episode_id, SNAPSHOT_NODE_LABEL: self.node}
         client = self._containerd
         info = await _heartbeating(
             _mapped(

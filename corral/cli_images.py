@@ -31,8 +31,8 @@ from corral.cli_common import (
 )
 from sandbox import Containerd, SandboxSpec, build_busybox_image, resolve_image_name
 from sandbox.errors import CorralError
+from sandbox.labels import PARENT_EPISODE_LABEL
 from sandbox.registry import Credentials, Progress, credentials_from
-from sandbox.snapshot import PARENT_EPISODE_LABEL
 from sandbox.transfer import push_image
 from workers.config import StackConfig, describe_validation_error
 

@@ -35,6 +35,7 @@ from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
 from policies.testcases import CaseResult, PolicyTestCase, compare, load_test_cases
 from sandbox.errors import CorralError
+from sandbox.labels import POLICY_TEST_LABEL
 
 log = logging.getLogger("corral.policy.runner")
 
@@ -42,7 +43,6 @@ Say = Callable[[str], None]
 
 SENSOR_READY_TIMEOUT_S = 180.0  # bpftrace compiles its program for seconds; cap, not a target
 COMMAND_TIMEOUT_S = 60.0
-TEST_LABEL = "corral.policy_test"
 
 
 def new_sandbox_id() -> str:
@@ -117,13 +117,13 @@ async def run_case(
     sandbox_id = new_sandbox_id()
     resolver.containers[sandbox_id] = ContainerInfo(
         full_id=sandbox_id, name=f"policy-test-{sandbox_id[:12]}", image=case.image,
-        labels={TEST_LABEL: case.name},
+        labels={POLICY_TEST_LABEL: case.name},
     )  # fmt: skip
     watch.add(sandbox_id)
     notes: list[str] = []
     try:
         sandbox = await client.create_sandbox(
-            sandbox_id, SandboxSpec(image=case.image), labels={TEST_LABEL: "1"}
+            sandbox_id, SandboxSpec(image=case.image), labels={POLICY_TEST_LABEL: "1"}
         )
         for cmd in case.commands:
             result = await sandbox.exec(cmd, timeout_s=COMMAND_TIMEOUT_S)

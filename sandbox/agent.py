@@ -42,7 +42,6 @@ from sandbox.spec import AGENT_PATH  # where sandboxes see it (read-only bind mo
 
 __all__ = ["AGENT_PATH", "AgentChannel", "AgentError", "AgentResult", "agent_binary"]
 
-AGENT_LABEL = "corral.agent"  # on sandboxes whose PID 1 is the agent
 BINARY_NAME = "corral-agent"
 MAGIC = b"CRA1"
 HEADER = struct.Struct(">4sIIII")

@@ -20,10 +20,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox.labels import CPU_MODE_LABEL
 from sandbox.spec import CGROUP_PARENT
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CPU_MODE_LABEL = "corral.cpu"
 IDLE_SHARES = 2  # the kernel's minimum
 SHARES_PER_CORE = 1024  # the kernel's default weight of one task group
 MAX_SHARES = 262_144

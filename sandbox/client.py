@@ -42,6 +42,15 @@ from sandbox.errors import (
 from sandbox.events import DEFAULT_TOPICS, subscribe_events
 from sandbox.grpc_errors import is_not_found, map_grpc_error, one_line
 from sandbox.images import ImageStore
+from sandbox.labels import (
+    AGENT_LABEL,
+    IMAGE_LABEL,
+    NETWORK_LABEL,
+    REMAP_LABEL,
+    RUNTIME_LABEL,
+    SANDBOX_LABEL,
+    TENANT_LABEL,
+)
 from sandbox.models import (
     SandboxEvent,
     SandboxInfo,
@@ -58,13 +67,8 @@ SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
 # Bare type url: Any.Pack would prefix "type.googleapis.com/", which containerd rejects.
 RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
 SHIM_GROUP_LABEL = "io.containerd.runc.v2.group"
-TENANT_LABEL = "corral.tenant"  # set by the episode workflow; the shim-sharing key
-SANDBOX_LABEL = "corral.sandbox"
 _SHIM_GONE = "ttrpc: closed"  # a Delete whose shim exited meanwhile
 SHIM_CLEANUP_CHECKS, SHIM_CLEANUP_WAIT_S = 20, 0.1
-IMAGE_LABEL = "corral.image"
-RUNTIME_LABEL = "corral.runtime"
-NETWORK_LABEL = "corral.network"
 ALIVE = {task_pb2.RUNNING, task_pb2.PAUSED, task_pb2.PAUSING}
 log = logging.getLogger(__name__)
 AGENT_HELLO_TIMEOUT_S = 10.0
@@ -219,7 +223,7 @@ class Containerd:
                 NETWORK_LABEL: spec.network,
             }
             if self._agent_for(spec):
-                all_labels[agent.AGENT_LABEL] = "1"
+                all_labels[AGENT_LABEL] = "1"
             groups = self._shim_groups
             if groups is not None and spec.shim_group is None:
                 await self._adopt_shim_groups(groups)
@@ -303,7 +307,7 @@ class Containerd:
                 )
             step = "container"
             channel = None
-            if agent.AGENT_LABEL in labels:
+            if AGENT_LABEL in labels:
                 channel_dir = self.agent_dir / sandbox_id
                 undo_stack.append(lambda: _forget_agent(channel_dir))
                 channel = agent.AgentChannel.prepare(channel_dir)
@@ -437,7 +441,7 @@ class Containerd:
                         snapshotter=self._conn.snapshotter,
                         name=key,
                         key=prepare_key,
-                        labels={userns.REMAP_LABEL: str(mapping.host_id)},
+                        labels={REMAP_LABEL: str(mapping.host_id)},
                     ),
                     metadata=self._conn.md(lease),
                 )

@@ -32,12 +32,11 @@ from sandbox._gen.containerd.api.types import descriptor_pb2
 from sandbox.connection import Connection
 from sandbox.errors import ImageImportFailed, ImageNotFound
 from sandbox.grpc_errors import is_not_found, map_grpc_error
+from sandbox.labels import CHAIN_ID_LABEL, LAST_USED_LABEL
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import GOARCH, MEDIA_INDEX, NAME_ANNOTATION
 
 LOCAL_REGISTRY = "corral.local"
-CHAIN_ID_LABEL = "corral.chain_id"
-LAST_USED_LABEL = "corral.last_used"  # unix seconds; prune removes the oldest first
 TOUCH_EVERY_S = 60  # provisions within a minute of each other update the label once
 WRITE_CHUNK = 1024 * 1024
 JSON_BLOB_MAX = 4 * 1024 * 1024  # manifests and configs are small; layers are not parsed

@@ -29,6 +29,7 @@ from sandbox.exec_io import (
     kill_process_tree,
 )
 from sandbox.grpc_errors import is_not_found, map_grpc_error
+from sandbox.labels import AGENT_LABEL
 from sandbox.models import ExecResult, SandboxMetrics, SandboxStatus, parse_user
 from sandbox.network import NetworkAttachment
 from sandbox.spec import EXEC_OOM_SCORE_ADJ, exec_process
@@ -250,7 +251,6 @@ class Sandbox:
     def agent(self) -> AgentChannel | None:
         """The exec agent's channel when the agent is this sandbox's PID 1 and this
         process holds it (made or attached it); None otherwise."""
-        from sandbox.agent import AGENT_LABEL
 
         if AGENT_LABEL not in self.labels:
             return None
@@ -259,7 +259,6 @@ class Sandbox:
     async def agent_channel(self) -> AgentChannel | None:
         """`agent()`, or else the channel attached again when another process
         started this sandbox's agent (a node worker before a restart)."""
-        from sandbox.agent import AGENT_LABEL
 
         channel = self.agent()
         if channel is None and AGENT_LABEL in self.labels:

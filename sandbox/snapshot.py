@@ -45,23 +45,23 @@ from sandbox.connection import Connection
 from sandbox.errors import SandboxError, SandboxNotFound, SnapshotFailed
 from sandbox.grpc_errors import is_not_found, map_grpc_error
 from sandbox.images import (
-    CHAIN_ID_LABEL,
     LOCAL_REGISTRY,
     ImageStore,
     _gc_labels,
     chain_ids,
     resolve_image_name,
 )
+from sandbox.labels import (
+    BASE_IMAGE_LABEL,
+    CHAIN_ID_LABEL,
+    LAYER_BYTES_LABEL,
+    SNAPSHOT_SANDBOX_LABEL,
+)
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import MEDIA_MANIFEST
 
 MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 SNAPSHOT_REPO = "corral/snapshots"
-PARENT_EPISODE_LABEL = "corral.snapshot.parent_episode"
-BASE_IMAGE_LABEL = "corral.snapshot.base_image"
-SANDBOX_LABEL = "corral.snapshot.sandbox"
-NODE_LABEL = "corral.snapshot.node"
-LAYER_BYTES_LABEL = "corral.snapshot.layer_bytes"
 _REPO_CHARS = re.compile(r"[^a-z0-9]+")
 _TAG_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 # A plain (non-reflink) copy of a few GB of writes on a slow disk stays well inside this.
@@ -116,7 +116,7 @@ async def commit_sandbox(
         all_labels = {
             **labels,
             BASE_IMAGE_LABEL: base.name,
-            SANDBOX_LABEL: sandbox_id,
+            SNAPSHOT_SANDBOX_LABEL: sandbox_id,
             LAYER_BYTES_LABEL: str(layer["size"]),
         }
         return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)

@@ -41,7 +41,6 @@ from sandbox.quota import run_tool
 DEFAULT_START = 1_000_000_000
 DEFAULT_SIZE = 65536
 DEFAULT_RANGES = 1024
-REMAP_LABEL = "corral.userns"
 DEFAULT_TENANT = "default"
 
 

@@ -18,9 +18,15 @@ if (($#)); then  # what the caller named, in one session
   "${pytest[@]}" --durations=15 "$@"
   exit
 fi
-# Unit tests need no service and share nothing: one process a core.
+# Unit tests need no service and share nothing: one process a core. A failure
+# there still lets the rest run, so one CI run reports every failing test.
 echo "== unit tests"
-"${pytest[@]}" -n auto tests/unit
+unit=0
+"${pytest[@]}" -n auto tests/unit || unit=$?
 # The rest share one stack per session (tests/integration/conftest.py): in turn.
 echo "== integration and end-to-end tests"
 "${pytest[@]}" --durations=15 tests --ignore=tests/unit
+if ((unit)); then
+  echo "unit tests failed (exit $unit): see '== unit tests' above" >&2
+  exit "$unit"
+fi

@@ -49,6 +49,7 @@ from policies.falco.engine import Match, RuleEngine
 from policies.falco.event import ContainerInfo, Event, MountInfo, mounts_from_spec
 from policies.falco.fields import default_registry
 from sandbox.errors import CorralError
+from sandbox.labels import OWNER_LABEL
 from workers.config import StackConfig, load_config
 from workers.directory import WORKFLOW_ID_FIELD
 from workers.sensor_delivery import AlertPoster, LocalEnforcer, RateLimiter
@@ -71,7 +72,7 @@ def alert_body(match: Match, evt: Event, hostname: str) -> dict[str, Any]:
         fields["container.id"] = evt.container.id
         fields["container.full_id"] = evt.container.full_id
         # The intake finds the episode from this; it has no node's containerd.
-        owner = (evt.container.labels or {}).get("corral.workflow_id")
+        owner = (evt.container.labels or {}).get(OWNER_LABEL)
         if owner:
             fields[WORKFLOW_ID_FIELD] = owner
     fields.setdefault("proc.cmdline", evt.proc.cmdline)
@@ -160,7 +161,7 @@ class NodeContainers:
 
     @staticmethod
     def _label(ci: ContainerInfo, labels: dict[str, str], image: str) -> None:
-        ci.name = labels.get("corral.workflow_id", ci.full_id[:12])
+        ci.name = labels.get(OWNER_LABEL, ci.full_id[:12])
         ci.image = image
         ci.labels = labels
 
@@ -354,7 +355,7 @@ class NodePipeline:
                 labels = await self.containers.owner_labels(full_id)
                 if labels is not None:
                     evt.container.labels = labels
-                    evt.container.name = labels.get("corral.workflow_id", full_id[:12])
+                    evt.container.name = labels.get(OWNER_LABEL, full_id[:12])
             body = alert_body(match, evt, self.hostname)
             try:
                 Alert.model_validate(body)

@@ -55,6 +55,13 @@ with workflow.unsafe.imports_passed_through():
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
     from sandbox.blobs import FileBlob
+    from sandbox.labels import (
+        NODE_LABEL,
+        OWNER_LABEL,
+        RUN_ID_LABEL,
+        TENANT_LABEL,
+        USER_LABEL_PREFIX,
+    )
     from sandbox.snapshot import is_local_snapshot, snapshot_ref
     from workflows.admission import Admission, AdmissionDecision
     from workflows.calls import (
@@ -373,11 +380,11 @@ class EpisodeWorkflow:
     def _labels(self) -> dict[str, str]:
         info = workflow.info()
         return {
-            "corral.workflow_id": info.workflow_id,
-            "corral.run_id": info.run_id,
-            "corral.tenant": self._spec.tenant,
-            "corral.node": self._s.node,
-            **{f"corral.label.{k}": v for k, v in self._spec.labels.items()},
+            OWNER_LABEL: info.workflow_id,
+            RUN_ID_LABEL: info.run_id,
+            TENANT_LABEL: self._spec.tenant,
+            NODE_LABEL: self._s.node,
+            **{f"{USER_LABEL_PREFIX}{k}": v for k, v in self._spec.labels.items()},
         }
 
     def _wait_for(self, reason: str) -> None:

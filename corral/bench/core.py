@@ -23,6 +23,7 @@ from activities.pool import WarmPool, pool_template
 from corral.bench.elastic import RatePoint, create_idle, destroy_all
 from corral.sdk import Corral
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
+from sandbox.labels import BENCH_LABEL, OWNER_LABEL
 from workers.config import StackConfig
 from workflows.models import EpisodeSpec, Resources, Step
 
@@ -126,7 +127,7 @@ async def run_bench(
     have run): the latency of one episode, not of a back-to-back stream."""
     node = config.node_names()[0]
     tag = uuid.uuid4().hex[:8]
-    spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={"corral.bench": tag})
+    spec = SandboxSpec(image=BUSYBOX_IMAGE, labels={BENCH_LABEL: tag})
     async with await Containerd.connect(
         str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
     ) as raw:
@@ -238,9 +239,7 @@ async def _warm_acquire_series(
             await asyncio.sleep(0.01)
 
     async def one(i: int) -> None:
-        sandbox_id = await pool.acquire(
-            template, {"corral.bench": tag, "corral.workflow_id": f"{tag}-{i}"}
-        )
+        sandbox_id = await pool.acquire(template, {BENCH_LABEL: tag, OWNER_LABEL: f"{tag}-{i}"})
         if sandbox_id is None:
             raise RuntimeError("pool had no warm sandbox")
         claimed.append(sandbox_id)

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from corral.bench.core import _memory_used_mb, _percentile, _ratio
 from corral.bench.elastic import destroy_all
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
+from sandbox.labels import BENCH_LABEL
 from sandbox.spec import cgroups_path
 from workers.config import StackConfig
 
@@ -62,7 +63,7 @@ class DefenseReport(BaseModel):
 def variant_spec(tag: str, index: int, variant: str, group: int = 1) -> SandboxSpec:
     """A small idle busybox sandbox (shims shared by ``group``) with ``variant``'s features."""
     shim = f"defense-{tag}-{index // group}" if group > 1 else None
-    fields = {"memory_mb": 64, "tmpfs_mb": 8, "shim_group": shim, "labels": {"corral.bench": tag}}
+    fields = {"memory_mb": 64, "tmpfs_mb": 8, "shim_group": shim, "labels": {BENCH_LABEL: tag}}
     return SandboxSpec.model_validate({"image": BUSYBOX_IMAGE, **fields, **VARIANTS[variant]})
 
 

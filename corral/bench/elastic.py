@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from sandbox.cgroups import IDLE_SHARES, ElasticCpu
+from sandbox.labels import BENCH_LABEL
 from sandbox.sandbox import Sandbox
 from workers.config import StackConfig
 
@@ -60,7 +61,7 @@ def idle_spec(tag: str, shim: int | None, command: list[str] | None = None) -> S
         tmpfs_mb=8,
         cpu_shares=IDLE_SHARES,
         shim_group=f"idle-{tag}-{shim}" if shim is not None else None,
-        labels={"corral.bench": tag},
+        labels={BENCH_LABEL: tag},
         **({"command": command} if command else {}),
     )
 

@@ -57,6 +57,7 @@ from policies.sensor.prefilter import Prefilter, needs_exe_details
 from policies.sensor.sensor import Sensor
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from sandbox.errors import CorralError
+from sandbox.labels import BENCH_LABEL
 from workers.config import StackConfig
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct/corral")
@@ -256,7 +257,7 @@ async def run_sensor(
         try:
             sandbox = await client.create_sandbox(
                 sandbox_id, SandboxSpec(image=BUSYBOX_IMAGE, pids_limit=512),
-                labels={"corral.bench": "sensor"},
+                labels={BENCH_LABEL: "sensor"},
             )  # fmt: skip
             for cmd in steps.values():
                 await sandbox.exec(cmd, timeout_s=600)  # warm up

@@ -45,6 +45,7 @@ from corral.bench.peers import CpuMeter, _busy_cpu_s
 from corral.sdk import Corral, Episode
 from sandbox.agent import agent_binary
 from sandbox.client import Containerd
+from sandbox.labels import BENCH_LABEL
 from sandbox.models import SandboxSpec
 from sandbox.oci_archive import build_busybox_image
 from sandbox.sandbox import Sandbox
@@ -216,7 +217,7 @@ async def _sandboxes(config: StackConfig, n: int, *, agent: bool) -> AsyncIterat
     ids = [f"bench-steps-{uuid.uuid4().hex[:10]}" for _ in range(n)]
     try:
         image = await build_busybox_image(client)
-        spec = SandboxSpec(image=image.name, labels={"corral.bench": "steps"})
+        spec = SandboxSpec(image=image.name, labels={BENCH_LABEL: "steps"})
         boxes: list[Sandbox] = []
         for sandbox_id in ids:
             boxes.append(await client.create_sandbox(sandbox_id, spec, spec.labels))

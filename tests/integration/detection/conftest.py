@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from activities.pool import POOL_LABEL
 from corral.sdk import Corral
 from sandbox import Containerd
+from sandbox.labels import POOL_LABEL
 from tests.integration.conftest import REPO, TEST_ENV, wait_for
 from workers.config import StackConfig, load_config
 from workers.stack import Stack

@@ -11,8 +11,9 @@ import pytest
 import pytest_asyncio
 
 from activities.node import NodeActivities
-from activities.pool import POOL_LABEL, WarmPool, pool_template
+from activities.pool import WarmPool, pool_template
 from sandbox import Containerd
+from sandbox.labels import POOL_LABEL
 from workers.config import StackConfig
 from workers.stack import Stack
 from workflows.models import EpisodeSpec, ProvisionInput, Resources, TeardownInput

@@ -13,7 +13,7 @@ import pytest
 from registry_helpers import RegistryServer, push_marked, run_once
 
 from sandbox import Containerd, SandboxSpec
-from sandbox.images import LAST_USED_LABEL
+from sandbox.labels import LAST_USED_LABEL
 from sandbox.registry import (
     Credentials,
     ImagePullFailed,

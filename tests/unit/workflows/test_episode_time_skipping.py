@@ -451,8 +451,10 @@ async def test_quarantine_freezes_refuses_requests_and_kills_on_its_timeout(
     handle = await _start(env, timeouts={"quarantine_s": 3600, "idle_ttl_s": 7200})
     await _exec(handle)
     await handle.signal(ANOMALY_SIGNAL, anomaly_signal("Odd write", "quarantine"))
-    # The episode tells its calls workflow to hold before it freezes the sandbox.
+    # The episode tells its calls workflow to hold, freezes the sandbox, then says
+    # `quarantined` (the freeze's start alone raced the hold on a loaded machine).
     await _until(lambda: "freeze" in node.calls)
+    await _until_state(handle, "quarantined")
     with pytest.raises(EpisodeQuarantined):
         await _exec(handle)
     with pytest.raises(WorkflowFailureError) as caught:  # an hour passes in no time

@@ -3,6 +3,17 @@
 The face of the project for trainers: the SDK, the CLI, the models they write.
 """
 
+from activities.models import (
+    EgressRule,
+    EpisodeResult,
+    EpisodeSpec,
+    FileSpec,
+    Network,
+    Resources,
+    Step,
+    StepResult,
+    Timeouts,
+)
 from corral.errors import (
     CorralRPCError,
     EpisodeAlreadyExists,
@@ -24,18 +35,7 @@ from corral.errors import (
 )
 from corral.sdk import Corral, Episode, EpisodeSummary
 from sandbox.errors import CorralError
-from workflows.models import (
-    EgressRule,
-    EpisodeResult,
-    EpisodeSpec,
-    EpisodeStatus,
-    FileSpec,
-    Network,
-    Resources,
-    Step,
-    StepResult,
-    Timeouts,
-)
+from workflows.models import EpisodeStatus
 
 __all__ = [
     "Corral",

@@ -21,6 +21,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from activities.models import EpisodeResult
 from corral.cli_common import (
     Context,
     console,
@@ -35,7 +36,6 @@ from corral.cli_common import (
 from corral.errors import EpisodeError
 from corral.sdk import Corral, Job, parse_spec
 from observability.extras import require
-from workflows.models import EpisodeResult
 
 
 @click.group()

@@ -8,10 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from activities.models import EpisodeResult, EpisodeSpec
 from corral.sdk import Corral
 from workers.config import StackConfig
 from workers.stack import Stack
-from workflows.models import EpisodeResult, EpisodeSpec
 
 DEMO_SPECS: list[dict[str, Any]] = [
     {

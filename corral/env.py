@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from activities.models import EpisodeResult, EpisodeSpec, StepResult
 from corral.errors import (
     CorralError,
     EpisodeEnded,
@@ -42,7 +43,6 @@ from corral.errors import (
 )
 from corral.sdk import Corral, Episode, parse_spec
 from workers.config import StackConfig
-from workflows.models import EpisodeResult, EpisodeSpec, StepResult
 
 __all__ = [
     "Action",

@@ -18,7 +18,7 @@ from sandbox.errors import CorralError
 if TYPE_CHECKING:
     from temporalio.service import RPCError
 
-    from workflows.models import EpisodeResult
+    from activities.models import EpisodeResult
 
 
 class InvalidEpisodeSpec(CorralError):

@@ -18,11 +18,11 @@ from typing import IO, Literal
 
 from pydantic import BaseModel
 
+from activities.models import AlertSummary, EpisodeResult, StepResult
 from corral.env import reward_of
 from corral.errors import EpisodeError
 from corral.sdk import Corral, EpisodeSummary
 from observability.extras import require
-from workflows.models import AlertSummary, EpisodeResult, StepResult
 
 __all__ = ["ExportFormat", "StepRow", "TrajectoryRow", "export_trajectories", "write_rows"]
 

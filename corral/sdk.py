@@ -46,6 +46,17 @@ from temporalio.exceptions import (
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.models import (
+    EpisodeResult,
+    EpisodeSpec,
+    ExecRequest,
+    FileContent,
+    ReadFileRequest,
+    SnapshotRequest,
+    SnapshotResult,
+    StepResult,
+    WriteFileRequest,
+)
 from activities.toolcalls import (
     GetFileRequest,
     JobInfo,
@@ -85,20 +96,7 @@ from workers.temporal import connect
 from workers.tenants import TenantRuleViolation, prepare_for_tenant
 from workflows.calls import EpisodeCallsWorkflow, calls_workflow_id
 from workflows.episode import EpisodeWorkflow
-from workflows.models import (
-    EpisodeInput,
-    EpisodeResult,
-    EpisodeSpec,
-    EpisodeStatus,
-    ExecRequest,
-    FileContent,
-    OnCallRequest,
-    ReadFileRequest,
-    SnapshotRequest,
-    SnapshotResult,
-    StepResult,
-    WriteFileRequest,
-)
+from workflows.models import EpisodeInput, EpisodeStatus, OnCallRequest
 from workflows.search_attributes import (
     ANOMALY_RULE,
     EPISODE_STATE,

@@ -37,6 +37,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.models import ExecRequest, ExecStepInput, StepResult
     from activities.node import NodeActivities
     from activities.toolcalls import (
         JobInfo,
@@ -52,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
         ToolExecInput,
         ToolExecRequest,
     )
-    from workflows.models import ExecRequest, ExecStepInput, StepResult
     from workflows.steps import lost_step, node_retry_policy, surfaced
 
 CALLS_SUFFIX = ".calls"

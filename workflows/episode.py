@@ -30,7 +30,34 @@ from temporalio.exceptions import (
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import Outcome
+    from activities.models import (
+        AlertSummary,
+        EpisodeResult,
+        EpisodeSpec,
+        ExecRequest,
+        ExecStepInput,
+        FileContent,
+        FileSpec,
+        NodeLostInput,
+        Outcome,
+        PlaceInput,
+        Placement,
+        ProvisionInput,
+        ReadFileInput,
+        ReadFileRequest,
+        RecordEpisodeInput,
+        RunScriptedInput,
+        RunScriptedResult,
+        SandboxRef,
+        SnapshotInput,
+        SnapshotRequest,
+        SnapshotResult,
+        Step,
+        StepResult,
+        TeardownInput,
+        WriteFileInput,
+        WriteFileRequest,
+    )
     from activities.node import NodeActivities
     from activities.placement import NODE_LOST_SIGNAL
     from activities.snapshots import SnapshotActivities
@@ -76,37 +103,12 @@ with workflow.unsafe.imports_passed_through():
         calls_workflow_id,
     )
     from workflows.models import (
-        AlertSummary,
         AnomalySignal,
         EpisodeInput,
-        EpisodeResult,
-        EpisodeSpec,
         EpisodeState,
         EpisodeStatus,
-        ExecRequest,
-        ExecStepInput,
-        FileContent,
-        FileSpec,
         KillOrder,
-        NodeLostInput,
         OnCallRequest,
-        PlaceInput,
-        Placement,
-        ProvisionInput,
-        ReadFileInput,
-        ReadFileRequest,
-        RecordEpisodeInput,
-        RunScriptedInput,
-        RunScriptedResult,
-        SandboxRef,
-        SnapshotInput,
-        SnapshotRequest,
-        SnapshotResult,
-        Step,
-        StepResult,
-        TeardownInput,
-        WriteFileInput,
-        WriteFileRequest,
     )
     from workflows.search_attributes import (
         ANOMALY_RULE,

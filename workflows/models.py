@@ -1,8 +1,8 @@
 """Inputs and state of Corral's workflows.
 
 The data shared with activities (the episode spec, step results, activity
-inputs) lives in `activities.models`, one layer down, and is re-exported
-here so that callers import every workflow-facing model from one place.
+inputs) lives in `activities.models`, one layer down; import it from there
+(no re-exports: each model has one home).
 """
 
 from __future__ import annotations
@@ -14,91 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from activities.models import (
     AdmissionPolicy,
     AlertSummary,
-    EgressRule,
-    EpisodeResult,
     EpisodeSpec,
-    ExecRequest,
-    ExecStepInput,
-    FileContent,
-    FileSpec,
-    Network,
-    NodeHeartbeat,
-    NodeInfo,
-    NodeLostInput,
-    NodeRef,
     Outcome,
-    PlaceInput,
-    Placement,
-    ProvisionInput,
-    ProvisionResult,
-    ReadFileInput,
-    ReadFileRequest,
-    ReapInput,
-    ReapResult,
-    RecordEpisodeInput,
-    Resources,
-    RunScriptedInput,
-    RunScriptedResult,
-    SandboxRef,
-    SnapshotInput,
-    SnapshotRequest,
-    SnapshotResult,
-    Step,
     StepResult,
-    TeardownInput,
-    TeardownResult,
-    Timeouts,
-    WriteFileInput,
-    WriteFileRequest,
 )
 from policies.alert import Alert
 from policies.responses import Decision
-
-__all__ = [
-    "AlertSummary",
-    "AnomalySignal",
-    "EgressRule",
-    "EpisodeInput",
-    "EpisodeResult",
-    "EpisodeSpec",
-    "EpisodeState",
-    "EpisodeStatus",
-    "ExecRequest",
-    "ExecStepInput",
-    "FileContent",
-    "FileSpec",
-    "KillOrder",
-    "Network",
-    "NodeHeartbeat",
-    "NodeInfo",
-    "NodeLostInput",
-    "NodeRef",
-    "OnCallRequest",
-    "Outcome",
-    "PlaceInput",
-    "Placement",
-    "ProvisionInput",
-    "ProvisionResult",
-    "ReadFileInput",
-    "ReadFileRequest",
-    "ReapInput",
-    "ReapResult",
-    "RecordEpisodeInput",
-    "Resources",
-    "RunScriptedInput",
-    "RunScriptedResult",
-    "SandboxRef",
-    "SnapshotInput",
-    "SnapshotRequest",
-    "SnapshotResult",
-    "Step",
-    "StepResult",
-    "TeardownInput",
-    "TeardownResult",
-    "Timeouts",
-    "WriteFileInput",
-    "WriteFileRequest",
-]
 
 
 class EpisodeInput(BaseModel):

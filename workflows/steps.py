@@ -13,8 +13,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.models import ExecStepInput, StepResult
     from activities.node import interrupted_step
-    from workflows.models import ExecStepInput, StepResult
 
 T = TypeVar("T")
 

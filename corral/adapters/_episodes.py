@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any, cast, get_args
 
-from activities.models import Outcome
+from activities.models import EpisodeResult, EpisodeSpec, Outcome
 from corral.env import reward_of
 from corral.errors import EpisodeError
 from corral.sdk import Episode, parse_spec
-from workflows.models import EpisodeResult, EpisodeSpec
 
 __all__ = ["end_episode", "interactive_spec", "reward_of"]
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from activities.models import EpisodeResult
 from corral.bench.drill_cases import (
     BENIGN,
     BENIGN_BAD_PRIORITIES,
@@ -51,7 +52,7 @@ from corral.sdk import Corral, Episode
 from sandbox.errors import CorralError
 from workers.config import StackConfig
 from workflows.episode import sandbox_id_for
-from workflows.models import EpisodeResult, EpisodeStatus
+from workflows.models import EpisodeStatus
 
 BENIGN_JOB = "benign"
 CLOSED_STATES = frozenset({"completed", "failed", "killed", "timed_out", "cancelled"})

@@ -19,8 +19,8 @@ import polars as pl
 import pytest
 from cli_helpers import corral, processes_of
 
+from activities.models import EpisodeResult
 from tests.net import listening
-from workflows.models import EpisodeResult
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from activities.models import TenantConfig
+from activities.models import EpisodeSpec, TenantConfig
 from corral.errors import EpisodeError, EpisodeNotAdmitted
 from corral.sdk import Corral, Episode
 from sandbox.errors import CorralError
 from workers.stack import Stack
-from workflows.models import EpisodeSpec
 
 pytestmark = pytest.mark.integration
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 from episode_helpers import eventually, sandbox_exists
 
+from activities.models import StepResult
 from corral.sdk import Corral, Episode
 from tests.integration.conftest import require_stack_agent
 from workers.config import StackConfig
 from workers.processes import wait_exit
 from workers.stack import Stack
-from workflows.models import StepResult
 
 pytestmark = pytest.mark.integration
 

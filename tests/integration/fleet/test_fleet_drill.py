@@ -14,12 +14,12 @@ from collections import Counter
 
 import pytest
 
+from activities.models import EpisodeResult
 from corral.errors import CorralError, EpisodeError
 from corral.sdk import Corral, Episode
 from sandbox import Containerd
 from tests.integration.conftest import wait_for
 from workers.stack import Stack
-from workflows.models import EpisodeResult
 from workflows.nodes import list_nodes
 
 # A crash, the 90 s promise, 60 episodes and a rejoin take minutes on 2 cores.

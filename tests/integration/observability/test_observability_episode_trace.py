@@ -10,10 +10,10 @@ import uuid
 import polars as pl
 import pytest
 
+from activities.models import EpisodeSpec
 from corral.sdk import Corral
 from observability.tracing import flush_tracing, read_spans
 from workers.config import StackConfig
-from workflows.models import EpisodeSpec
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from activities.models import EpisodeSpec, ProvisionInput, Resources, TeardownInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool, pool_template
 from sandbox import Containerd
 from sandbox.labels import POOL_LABEL
 from workers.config import StackConfig
 from workers.stack import Stack
-from workflows.models import EpisodeSpec, ProvisionInput, Resources, TeardownInput
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from activities.models import EpisodeResult
 from corral.cli_common import shell_join
 from corral.cli_episodes import batch_summary
 from corral.cli_tools import parse_since
-from workflows.models import EpisodeResult
 
 REPO = Path(__file__).resolve().parents[3]
 CORRAL = [sys.executable, "-m", "corral"]

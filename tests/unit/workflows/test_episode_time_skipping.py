@@ -29,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.models import (
+    EpisodeResult,
     ExecStepInput,
     NodeLostInput,
     PlaceInput,
@@ -54,7 +55,7 @@ from tests.alerts import anomaly_signal
 from workers.temporal import workflow_runner
 from workflows.calls import EpisodeCallsWorkflow, calls_workflow_id
 from workflows.episode import EpisodeWorkflow
-from workflows.models import EpisodeInput, EpisodeResult, OnCallRequest
+from workflows.models import EpisodeInput, OnCallRequest
 
 WORKFLOW_QUEUE = "episodes-under-test"
 NODE = "n1"

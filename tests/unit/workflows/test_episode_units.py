@@ -8,21 +8,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.node import _as_utc, _reward_value, episode_records
-from corral.cli_episodes import batch_summary
-from corral.errors import EpisodeKilled, InvalidEpisodeSpec
-from corral.sdk import _result_from_details, parse_spec
-from observability.records import EpisodeRecord, StepRecord
-from workflows.episode import _outcome_of, sandbox_id_for
-from workflows.models import (
+from activities.models import (
     AlertSummary,
-    EpisodeInput,
     EpisodeResult,
     EpisodeSpec,
     ExecRequest,
     RecordEpisodeInput,
     StepResult,
 )
+from activities.node import _as_utc, _reward_value, episode_records
+from corral.cli_episodes import batch_summary
+from corral.errors import EpisodeKilled, InvalidEpisodeSpec
+from corral.sdk import _result_from_details, parse_spec
+from observability.records import EpisodeRecord, StepRecord
+from workflows.episode import _outcome_of, sandbox_id_for
+from workflows.models import EpisodeInput
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -19,9 +19,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from activities.models import EpisodeResult
 from workers.temporal import workflow_runner
 from workflows.episode import EpisodeWorkflow
-from workflows.models import EpisodeInput, EpisodeResult
+from workflows.models import EpisodeInput
 
 HISTORIES = Path(__file__).resolve().parents[2] / "data" / "histories"
 EXPECTED = {"scripted", "interactive", "quarantine_release", "kill", "snapshot", "hibernate"}

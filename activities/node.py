@@ -64,7 +64,7 @@ from activities.pool import WarmPool
 from activities.sensorwatch import SensorDown, SensorWatch, Verdict
 from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
-from observability.tracing import span
+from observability.tracing import ATTR_NODE, ATTR_SANDBOX_ID, span
 from sandbox import Containerd, ExecResult, SandboxSpec, network
 from sandbox.cgroups import IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, ImageNotFound, SandboxError, SandboxNotFound
@@ -233,7 +233,7 @@ class NodeActivities:
                     (await self._ledger()).pop(sandbox_id, None)
                     raise
             (await self._ledger())[sandbox_id] = spec.cpu_cores
-            current.set_attribute("corral.sandbox_id", sandbox_id)
+            current.set_attribute(ATTR_SANDBOX_ID, sandbox_id)
             current.set_attribute("corral.provision.source", source)
         seconds = time.monotonic() - started
         if existing is None:
@@ -297,9 +297,7 @@ class NodeActivities:
         verdict = (
             await self.settle(input.sandbox_id) if input.workflow_id else Verdict(status="off")
         )
-        with span(
-            "corral.teardown", **{"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
-        ):
+        with span("corral.teardown", **{ATTR_SANDBOX_ID: input.sandbox_id, ATTR_NODE: self.node}):
             removed = await _heartbeating(
                 _mapped(self._containerd.destroy_sandbox(input.sandbox_id))
             )
@@ -528,7 +526,7 @@ class NodeActivities:
         step = input.step
         sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
         started_at = datetime.now(UTC)
-        attrs = {"corral.sandbox_id": input.sandbox_id, "corral.node": self.node}
+        attrs = {ATTR_SANDBOX_ID: input.sandbox_id, ATTR_NODE: self.node}
         with span("corral.exec", **attrs), self._working(sandbox.id, sandbox.labels):
             # Durable: a fixed exec id and output in files, so that a worker
             # restarted mid-step reattaches to it (_reattach) instead of losing it.

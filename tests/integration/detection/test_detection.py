@@ -151,9 +151,13 @@ async def test_warm_paths_ran_on_pool_sandboxes(path_runs: PathRuns, path: str) 
     records = [r for r in await path_runs.get(path) if r.warm is not None]
     assert records, f"{path}: no run told its sandbox"
     warm = sum(1 for r in records if r.warm)
-    # Concurrent claims may drain a node's pool for a moment (it then provisions
-    # cold): most runs, not every one, come from the pool.
-    assert warm >= len(records) / 2, f"{path}: only {warm} of {len(records)} runs were warm"
+    # Each path starts on full pools (`_pool_refilled`) and the node that takes the
+    # most of its runs serves at least a pool's worth warm before it can run dry.
+    # Past that, how many more are warm depends on how fast refills (which wait
+    # for quiet moments) keep up with the claims: timing, not a property.
+    full_pool = sum(path_runs.corral.config.workers.warm_pool.values())
+    least = min(len(records), full_pool)
+    assert warm >= least, f"{path}: only {warm} of {len(records)} runs were warm (least {least})"
 
 
 @pytest.mark.parametrize("path", COLD_PATHS)

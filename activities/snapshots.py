@@ -22,6 +22,7 @@ from temporalio import activity
 from activities.models import FetchImageInput, SnapshotInput, SnapshotResult
 from activities.node import _heartbeating, _mapped
 from sandbox import Containerd
+from sandbox.client import KeyedLocks
 from sandbox.errors import ContainerdUnavailable, ImageNotFound
 from sandbox.images import resolve_image_name
 from sandbox.labels import LAYER_BYTES_LABEL, PARENT_EPISODE_LABEL, SNAPSHOT_NODE_LABEL
@@ -54,6 +55,9 @@ class SnapshotActivities:
         self._peers = peers
         self._registry = registry
         self._registry_options = registry_options or RegistryOptions()
+        # One copy of an image at a time: a fork's children placed on this node all
+        # fetch its snapshot at once, and concurrent writers of one blob collide.
+        self._copying = KeyedLocks()
 
     @activity.defn(name="corral.snapshot")
     async def snapshot(self, input: SnapshotInput) -> SnapshotResult:
@@ -104,10 +108,13 @@ class SnapshotActivities:
         """
         if not is_local_snapshot(image) or await self._has(self._containerd, image):
             return False
-        peers = [from_node] if from_node in self._peers else sorted(self._peers)
-        for peer in peers:
-            if await self._copy_from(peer, image):
-                return True
+        async with self._copying.hold(image):
+            if await self._has(self._containerd, image):
+                return False  # another child's fetch brought it meanwhile
+            peers = [from_node] if from_node in self._peers else sorted(self._peers)
+            for peer in peers:
+                if await self._copy_from(peer, image):
+                    return True
         return False
 
     async def _copy_from(self, peer: str, image: str) -> bool:

@@ -68,9 +68,11 @@ class ManagedProcess:
             self.pid_file.unlink(missing_ok=True)
             return False
         _signal_group(pid, signal.SIGTERM)
-        if not wait_exit(pid, grace_s):
+        # The leader often exits first: its group (children it started) too.
+        if not (wait_exit(pid, grace_s) and _wait_group_gone(pid, grace_s)):
             _signal_group(pid, signal.SIGKILL)
             wait_exit(pid, 5.0)
+            _wait_group_gone(pid, 5.0)
         self.pid_file.unlink(missing_ok=True)
         return True
 
@@ -104,6 +106,28 @@ def wait_exit(pid: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.05)
     return not pid_alive(pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in process group `pgid` (zombies count as gone)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _signal_group(pid: int, sig: int) -> None:

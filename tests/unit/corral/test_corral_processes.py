@@ -5,20 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from workers.processes import ManagedProcess, pid_alive
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes whose process group is `pgid` (zombies count as gone)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
+from workers.processes import ManagedProcess, group_members, pid_alive
 
 
 def test_start_is_idempotent_and_stop_kills_the_group(tmp_path: Path) -> None:
@@ -28,13 +15,13 @@ def test_start_is_idempotent_and_stop_kills_the_group(tmp_path: Path) -> None:
         assert proc.start(["false"]) == pid  # already running: not started twice
         assert proc.running()
         deadline = time.monotonic() + 10
-        while len(_group_members(pid)) < 3 and time.monotonic() < deadline:
+        while len(group_members(pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)  # the shell and both sleeps lead or join its group
-        assert len(_group_members(pid)) == 3
+        assert len(group_members(pid)) == 3
     finally:
         assert proc.stop(grace_s=2)
     assert not pid_alive(pid)
-    assert _group_members(pid) == []  # the children went with the parent
+    assert group_members(pid) == []  # the children went with the parent
     assert not proc.pid_file.exists()
     assert not proc.stop()
 

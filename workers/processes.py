@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,12 +101,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def wait_exit(pid: int, timeout_s: float) -> bool:
+    return _wait_until(lambda: not pid_alive(pid), timeout_s)
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `done` until true or `timeout_s` has passed; its last answer."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not pid_alive(pid):
+        if done():
             return True
         time.sleep(0.05)
-    return not pid_alive(pid)
+    return done()
 
 
 def group_members(pgid: int) -> list[int]:
@@ -122,12 +128,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return _wait_until(lambda: not group_members(pgid), timeout_s)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -112,6 +112,33 @@ class Step(_Spec):
         return self.cmd if isinstance(self.cmd, str) else " ".join(self.cmd)
 
 
+# The model gateway (docs/trainers.md, "Model calls"): every sandbox of an
+# episode that asks for it finds the node's OpenAI-compatible endpoint on its
+# own loopback at this port, whatever its network mode.
+MODEL_GATEWAY_PORT = 8417
+MODEL_GATEWAY_BASE_URL = f"http://127.0.0.1:{MODEL_GATEWAY_PORT}/v1"
+# The variables the episode's processes get; the key is the episode's own.
+BASE_URL_ENV, API_KEY_ENV = "OPENAI_BASE_URL", "OPENAI_API_KEY"
+
+
+class ModelGateway(_Spec):
+    """`model_gateway:` in a spec: the agent's model calls go through the node,
+    are recorded in the trajectory and are held to these budgets."""
+
+    # The trainer's OpenAI-compatible server, e.g. http://10.0.0.5:8000/v1.
+    upstream: str = Field(pattern=r"^https?://[^/\s]+(/\S*)?$")
+    # Sent upstream as the bearer token (the sandbox never sees it).
+    upstream_api_key: str = ""
+    max_tokens_per_episode: int | None = Field(default=None, ge=1)
+    max_calls: int | None = Field(default=None, ge=1)
+    upstream_timeout_s: float = Field(default=600, gt=0)
+
+
+def gateway_env(key: str) -> dict[str, str]:
+    """What the episode's processes see: the gateway on their loopback, their key."""
+    return {BASE_URL_ENV: MODEL_GATEWAY_BASE_URL, API_KEY_ENV: key}
+
+
 class Timeouts(_Spec):
     step_s: float = Field(default=120, gt=0)
     idle_ttl_s: float = Field(default=600, gt=0)
@@ -146,6 +173,8 @@ class EpisodeSpec(_Spec):
     idempotent_steps: bool = False
     # Set by `Episode.fork`: the episode this one was forked from (lineage).
     parent_episode: str | None = None
+    # The node's model gateway on the sandbox's loopback (None: no model calls).
+    model_gateway: ModelGateway | None = None
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -171,6 +200,11 @@ class EpisodeSpec(_Spec):
     def _known_runtime(cls, runtime: str) -> str:
         return check_runtime_name(runtime)
 
+    def with_gateway_key(self, key: str) -> EpisodeSpec:
+        """This spec with the gateway's variables in its environment (the episode
+        sets them once, at start): every process of the episode sees them."""
+        return self.model_copy(update={"env": {**self.env, **gateway_env(key)}})
+
     @model_validator(mode="after")
     def _no_steps_means_interactive(self) -> EpisodeSpec:
         # An episode with nothing to run would end at once: users who start one
@@ -183,6 +217,46 @@ class EpisodeSpec(_Spec):
 # --------------------------------------------------------------------------
 # Results
 # --------------------------------------------------------------------------
+
+
+class ModelCall(BaseModel):
+    """One call the agent made through the model gateway, as the trainer needs it.
+
+    `request_json`/`response_json` are the bodies as sent and received (a
+    streamed response is assembled into one completion object); the token
+    fields are filled when the upstream returned them (vLLM's `prompt_token_ids`
+    and `token_ids`, OpenAI's `logprobs`)."""
+
+    index: int  # the episode's calls in order, from 0
+    endpoint: str  # chat/completions, completions, ...
+    model: str = ""
+    started_at: datetime
+    latency_ms: float
+    status: int  # the HTTP status the agent got
+    stream: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    request_json: str = ""
+    response_json: str = ""
+    # Why the gateway answered instead of the upstream (a budget, a bad key,
+    # an unreachable upstream); empty for a forwarded call.
+    error: str = ""
+
+    def summary(self) -> ModelCall:
+        """The call's usage and timing without its bodies and token lists."""
+        return self.model_copy(
+            update={
+                "request_json": "",
+                "response_json": "",
+                "prompt_token_ids": None,
+                "completion_token_ids": None,
+                "logprobs": None,
+            }
+        )
 
 
 class StepResult(BaseModel):
@@ -204,6 +278,9 @@ class StepResult(BaseModel):
     # this result; else why not (behind, down, gap, unsupported; off: no sensor).
     sensor: str = ""
     settle_ms: float = 0.0
+    # The model gateway's calls that ended while this step ran (or, for the
+    # first step after them, since the previous one): the trajectory's LLM turns.
+    model_calls: list[ModelCall] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -211,7 +288,8 @@ class StepResult(BaseModel):
 
     def summary(self) -> StepResult:
         """The same step without its output: what continue-as-new carries over."""
-        return self.model_copy(update={"stdout": "", "stderr": ""})
+        calls = [call.summary() for call in self.model_calls]
+        return self.model_copy(update={"stdout": "", "stderr": "", "model_calls": calls})
 
 
 class AlertSummary(BaseModel):
@@ -374,6 +452,8 @@ class TeardownResult(BaseModel):
     removed: bool
     teardown_s: float
     sensor: str = ""  # the last watermark before the sandbox went (see StepResult.sensor)
+    # Model calls that ended after the episode's last step (a background job's).
+    model_calls: list[ModelCall] = Field(default_factory=list)
 
 
 class NodeCapacity(BaseModel):

@@ -38,10 +38,13 @@ from activities.capacity import (
     room_for,
 )
 from activities.foreground import Foreground
+from activities.gateway import NodeGateway
 from activities.models import (
+    API_KEY_ENV,
     EpisodeSpec,
     ExecStepInput,
     FileContent,
+    ModelCall,
     NodeCapacity,
     NodeUsage,
     ProvisionInput,
@@ -138,8 +141,11 @@ class NodeActivities:
         fetch_image: Callable[[str], Awaitable[bool]] | None = None,
         foreground: Foreground | None = None,
         sensor: SensorWatch | None = None,
+        gateway: NodeGateway | None = None,
     ) -> None:
         self.node = node
+        # The model gateway on the loopback of sandboxes that ask for it.
+        self._gateway = gateway
         # The node's sensor: watching before a command starts, its events
         # judged before the result returns (activities/sensorwatch.py).
         self._sensor = sensor
@@ -233,6 +239,7 @@ class NodeActivities:
                     (await self._ledger()).pop(sandbox_id, None)
                     raise
             (await self._ledger())[sandbox_id] = spec.cpu_cores
+            await self._open_gateway(sandbox_id, input.spec)
             current.set_attribute(ATTR_SANDBOX_ID, sandbox_id)
             current.set_attribute("corral.provision.source", source)
         seconds = time.monotonic() - started
@@ -248,6 +255,23 @@ class NodeActivities:
             created=existing is None,
             source=source,
         )
+
+    async def _open_gateway(self, sandbox_id: str, spec: EpisodeSpec) -> None:
+        """The model gateway on the sandbox's loopback, when its episode asks."""
+        if spec.model_gateway is None:
+            return
+        if self._gateway is None:
+            raise _app_error_from_message(
+                "InvalidSpec",
+                f"model_gateway: node {self.node} runs no gateway",
+            )
+        sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
+        pid = await _mapped(sandbox.pid())
+        key = spec.env.get(API_KEY_ENV, "")
+        await _mapped(self._gateway.open(sandbox_id, pid, spec.model_gateway, key))
+
+    def _model_calls(self, sandbox_id: str) -> list[ModelCall]:
+        return self._gateway.drain(sandbox_id) if self._gateway else []
 
     async def use(self) -> NodeUsage:
         """What this node uses now and whether it admits more (heartbeats carry it)."""
@@ -297,6 +321,9 @@ class NodeActivities:
         verdict = (
             await self.settle(input.sandbox_id) if input.workflow_id else Verdict(status="off")
         )
+        model_calls = self._model_calls(input.sandbox_id)
+        if self._gateway is not None:
+            await self._gateway.close(input.sandbox_id)
         with span("corral.teardown", **{ATTR_SANDBOX_ID: input.sandbox_id, ATTR_NODE: self.node}):
             removed = await _heartbeating(
                 _mapped(self._containerd.destroy_sandbox(input.sandbox_id))
@@ -315,7 +342,11 @@ class NodeActivities:
             input.record.result.teardown_s = seconds
             self._record(input.record)
         return TeardownResult(
-            sandbox_id=input.sandbox_id, removed=removed, teardown_s=seconds, sensor=verdict.status
+            sandbox_id=input.sandbox_id,
+            removed=removed,
+            teardown_s=seconds,
+            sensor=verdict.status,
+            model_calls=model_calls,
         )
 
     async def _drop_image(self, image: str) -> None:
@@ -366,6 +397,7 @@ class NodeActivities:
         verdict = await self.settle(input.sandbox_id, gaps)
         self._verdicts[input.sandbox_id] = verdict
         result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
+        result.model_calls = self._model_calls(input.sandbox_id)
         _atomic_write(done, result.model_dump_json())
         return result
 

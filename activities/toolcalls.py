@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.gateway import NodeGateway
 from activities.models import ExecStepInput, Step, StepResult
 from activities.node import _heartbeating, _mapped, interrupted_step
 from activities.sensorwatch import SensorWatch
@@ -168,8 +169,10 @@ class ToolCallActivities:
         state_dir: Path,
         sensor: SensorWatch | None = None,
         registry: RegistryOptions | None = None,
+        gateway: NodeGateway | None = None,
     ) -> None:
         self.node = node
+        self._gateway = gateway  # model calls ended during a call travel in its result
         self._containerd = containerd
         self._state_dir = Path(state_dir)
         self._sensor = sensor
@@ -239,6 +242,8 @@ class ToolCallActivities:
             if self._sensor is not None:
                 verdict = await _heartbeating(self._sensor.settle(input.sandbox_id, gaps))
                 result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
+        if self._gateway is not None:
+            result.model_calls = self._gateway.drain(input.sandbox_id)
         tmp = done.with_suffix(".tmp")
         tmp.write_text(result.model_dump_json())
         tmp.replace(done)

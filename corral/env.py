@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from activities.models import EpisodeResult, EpisodeSpec, StepResult
+from activities.models import EpisodeResult, EpisodeSpec, ModelCall, StepResult
 from corral.errors import (
     CorralError,
     EpisodeEnded,
@@ -100,6 +100,8 @@ class Transition:
     exit_code: int | None
     duration_s: float
     reward: float = 0.0
+    # The agent's own model calls while the step ran (`model_gateway:` in the spec).
+    model_calls: tuple[ModelCall, ...] = ()
 
 
 @dataclass
@@ -109,6 +111,11 @@ class Rollout:
     reward: float
     outcome: str
     transitions: list[Transition] = field(default_factory=list)
+
+    @property
+    def model_calls(self) -> list[ModelCall]:
+        """Every model call of the episode, in order (docs/trainers.md, "Model calls")."""
+        return [call for t in self.transitions for call in t.model_calls]
 
 
 def reward_of(result: EpisodeResult) -> float:
@@ -288,7 +295,12 @@ class CorralEnv:
 
 def _transition(action: Action, observation: str, info: Info, reward: float = 0.0) -> Transition:
     return Transition(
-        action, observation, info.get("exit_code"), info.get("duration_s", 0.0), reward
+        action,
+        observation,
+        info.get("exit_code"),
+        info.get("duration_s", 0.0),
+        reward,
+        tuple(info.get("model_calls", ())),
     )
 
 
@@ -317,12 +329,15 @@ def observe(step: StepResult) -> str:
 
 
 def step_info(step: StepResult) -> Info:
-    return {
+    info: Info = {
         "exit_code": step.exit_code,
         "timed_out": step.timed_out,
         "duration_s": step.duration_s,
         "truncated_output": step.truncated,
     }
+    if step.model_calls:
+        info["model_calls"] = step.model_calls
+    return info
 
 
 async def run_group(

@@ -18,7 +18,7 @@ from typing import IO, Literal
 
 from pydantic import BaseModel
 
-from activities.models import AlertSummary, EpisodeResult, StepResult
+from activities.models import AlertSummary, EpisodeResult, ModelCall, StepResult
 from corral.env import reward_of
 from corral.errors import EpisodeError
 from corral.sdk import Corral, EpisodeSummary
@@ -46,6 +46,8 @@ class StepRow(BaseModel):
     started_at: datetime | None
     duration_s: float
     alerts: list[str]
+    # The agent's model calls while the step ran, with their bodies and tokens.
+    model_calls: list[ModelCall] = []
 
 
 class TrajectoryRow(BaseModel):
@@ -156,6 +158,7 @@ def _step_row(step: StepResult, alerts: list[AlertSummary]) -> StepRow:
         started_at=step.started_at,
         duration_s=step.duration_s,
         alerts=[a.rule for a in alerts if _during(a, step)],
+        model_calls=step.model_calls,
     )
 
 

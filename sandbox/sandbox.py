@@ -495,13 +495,17 @@ class Sandbox:
             raise map_grpc_error(err, f"status of sandbox {self.id!r}") from err
         return STATUS_NAMES.get(resp.process.status, "unknown")
 
+    async def pid(self) -> int:
+        """The host pid of the sandbox's PID 1 (its namespaces are reached through it)."""
+        resp = await self._task_call(
+            "pid", self._conn.tasks.Get, tasks_pb2.GetRequest(container_id=self.id)
+        )
+        return int(resp.process.pid)
+
     async def root_path(self) -> Path:
         """The sandbox's root filesystem as the host can reach it: through its PID 1,
         because the rootfs is mounted in its shim's mount namespace (sandbox/shimns.py)."""
-        resp = await self._task_call(
-            "rootfs", self._conn.tasks.Get, tasks_pb2.GetRequest(container_id=self.id)
-        )
-        return Path(f"/proc/{resp.process.pid}/root")
+        return Path(f"/proc/{await self.pid()}/root")
 
     async def _is_paused(self) -> bool:
         frozen = is_frozen(self.id)

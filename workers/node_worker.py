@@ -26,6 +26,7 @@ from temporalio.worker import Worker
 
 from activities.capacity import node_capacity
 from activities.foreground import Foreground
+from activities.gateway import NodeGateway
 from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
@@ -119,6 +120,8 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         required=config.sensor.required,
         settle_timeout_s=config.sensor.settle_timeout_s,
     )
+    # The model gateway: sandboxes that ask for it reach it on their loopback.
+    gateway = NodeGateway(config.node_dir(node))
     node_activities = NodeActivities(
         node,
         containerd,
@@ -132,15 +135,22 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         fetch_image=snapshots.ensure_image,
         capacity=node_capacity(config.nodes.budget),
         sensor=sensor,
+        gateway=gateway,
     )
     # Sessions and jobs through the exec agent (docs/agent.md), watched like steps.
     tool_calls = ToolCallActivities(
-        node, containerd, config.node_dir(node), sensor=sensor, registry=config.registry.options()
+        node,
+        containerd,
+        config.node_dir(node),
+        sensor=sensor,
+        registry=config.registry.options(),
+        gateway=gateway,
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]
     try:
         await reap_leftovers(node_activities)
+        await gateway.reopen(lambda sandbox_id: sandbox_pid(containerd, sandbox_id))
         worker = Worker(
             client,
             task_queue=config.node_task_queue(node),
@@ -166,6 +176,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
             await stop.wait()
     finally:
         await node_activities.drain()
+        await gateway.stop()
         await pool.stop()  # warm sandboxes stay: the next worker adopts them
         for task in background:
             task.cancel()
@@ -187,6 +198,10 @@ async def reap_leftovers(node_activities: NodeActivities) -> None:
     if result.removed:
         log.warning("reaped %d leftover sandboxes on %s: %s", len(result.removed),
                     node_activities.node, ", ".join(r[:12] for r in result.removed))  # fmt: skip
+
+
+async def sandbox_pid(containerd: Containerd, sandbox_id: str) -> int:
+    return await (await containerd.get_sandbox(sandbox_id)).pid()
 
 
 def main() -> None:

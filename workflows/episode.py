@@ -193,6 +193,10 @@ class _Killed(Exception):
 class EpisodeWorkflow:
     @workflow.init
     def __init__(self, input: EpisodeInput) -> None:
+        if input.carried is None and input.spec.model_gateway is not None:
+            # The episode's own gateway key, drawn once; later runs carry it.
+            keyed = input.spec.with_gateway_key(f"corral-{workflow.uuid4().hex}")
+            input = input.model_copy(update={"spec": keyed})
         self._input = input
         self._spec = input.spec
         if input.carried is not None:

@@ -21,7 +21,6 @@ from sandbox.errors import NetworkError
 from sandbox.loopback import listen_in_netns
 from tests.fake_openai import FakeOpenAI
 
-
 openai = pytest.importorskip("openai")
 KEY = "corral-test-key"
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import openai
 import pytest
 
 from activities.gateway import NodeGateway
@@ -21,7 +22,6 @@ from sandbox.errors import NetworkError
 from sandbox.loopback import listen_in_netns
 from tests.fake_openai import FakeOpenAI
 
-openai = pytest.importorskip("openai")
 KEY = "corral-test-key"
 
 

@@ -10,10 +10,7 @@ tests/integration/trainer/test_model_gateway_sandbox.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-import pytest_asyncio
 
 from activities.models import StepResult
 from corral.sdk import Corral
@@ -30,14 +27,6 @@ CALL = (
 )
 
 
-@pytest_asyncio.fixture
-async def upstream() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
 def gateway_spec(fake: FakeOpenAI, **more: object) -> dict[str, object]:
     upstream = f"http://127.0.0.1:{fake.port}/v1"
     return {"image": "busybox", "model_gateway": {"upstream": upstream}, **more}
@@ -52,9 +41,9 @@ def assert_one_call(step: StepResult) -> None:
 
 
 async def test_a_warm_lean_episode_calls_the_model(
-    warm_corral: Corral, upstream: FakeOpenAI
+    warm_corral: Corral, fake_openai: FakeOpenAI
 ) -> None:
-    episode = await warm_corral.start_episode(gateway_spec(upstream, steps=[CALL]))
+    episode = await warm_corral.start_episode(gateway_spec(fake_openai, steps=[CALL]))
     result = await episode.result()
     assert result.outcome == "completed", result.reason
     assert result.sandbox_id != sandbox_id_for(episode.id), "expected a warm pool sandbox"
@@ -63,12 +52,12 @@ async def test_a_warm_lean_episode_calls_the_model(
 
 
 async def test_a_warm_interactive_episode_calls_the_model(
-    warm_corral: Corral, upstream: FakeOpenAI
+    warm_corral: Corral, fake_openai: FakeOpenAI
 ) -> None:
-    async with await warm_corral.start_episode(gateway_spec(upstream)) as episode:
+    async with await warm_corral.start_episode(gateway_spec(fake_openai)) as episode:
         assert_one_call(await episode.exec(CALL))
         assert_one_call(await episode.exec(CALL))
         result = await episode.finish()
     assert result.sandbox_id != sandbox_id_for(episode.id), "expected a warm pool sandbox"
     assert [s.model_calls[0].index for s in result.steps] == [0, 1]
-    assert result.alerts == [] and len(upstream.requests) == 2
+    assert result.alerts == [] and len(fake_openai.requests) == 2

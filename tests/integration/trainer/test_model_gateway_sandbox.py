@@ -114,14 +114,6 @@ async def python_image(stack_config: StackConfig, image_archive: Path) -> AsyncI
             await client.close()
 
 
-@pytest_asyncio.fixture
-async def upstream() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
 def url(fake: FakeOpenAI) -> str:
     return f"http://127.0.0.1:{fake.port}/v1"
 
@@ -141,11 +133,11 @@ def check_calls(calls: list[ModelCall]) -> None:
 
 
 async def test_the_openai_client_in_a_sandbox_without_network_goes_through_the_gateway(
-    corral: Corral, python_image: str, upstream: FakeOpenAI
+    corral: Corral, python_image: str, fake_openai: FakeOpenAI
 ) -> None:
     since = datetime.now(UTC)
-    async with await corral.start_episode(spec(url(upstream), interactive=True)) as episode:
-        step = await episode.exec(f"python3 /agent.py {url(upstream)}/models", timeout_s=120)
+    async with await corral.start_episode(spec(url(fake_openai), interactive=True)) as episode:
+        step = await episode.exec(f"python3 /agent.py {url(fake_openai)}/models", timeout_s=120)
         assert step.exit_code == 0, step.stderr
         assert step.stdout.splitlines() == [
             "echo: fix the bug",
@@ -155,7 +147,7 @@ async def test_the_openai_client_in_a_sandbox_without_network_goes_through_the_g
         ]
         check_calls(step.model_calls)
         # What the agent sent is what the upstream got; the key stayed on the node.
-        assert [r["messages"][0]["content"] for r in upstream.requests] == [
+        assert [r["messages"][0]["content"] for r in fake_openai.requests] == [
             "fix the bug",
             "stream it",
         ]
@@ -176,22 +168,22 @@ async def test_the_openai_client_in_a_sandbox_without_network_goes_through_the_g
 
 
 async def test_a_scripted_episode_records_its_calls_on_the_lean_path(
-    corral: Corral, python_image: str, upstream: FakeOpenAI
+    corral: Corral, python_image: str, fake_openai: FakeOpenAI
 ) -> None:
-    steps = [f"python3 /agent.py {url(upstream)}/models"]
-    result = await corral.run_episode(spec(url(upstream), steps=steps))
+    steps = [f"python3 /agent.py {url(fake_openai)}/models"]
+    result = await corral.run_episode(spec(url(fake_openai), steps=steps))
     assert result.outcome == "completed", result.reason
     check_calls(result.steps[0].model_calls)
 
 
 async def test_a_rollout_carries_the_agents_model_calls(
-    corral: Corral, python_image: str, upstream: FakeOpenAI
+    corral: Corral, python_image: str, fake_openai: FakeOpenAI
 ) -> None:
-    task = Task.of("gateway", "Call the model.", spec(url(upstream), reward="echo 1"))
+    task = Task.of("gateway", "Call the model.", spec(url(fake_openai), reward="echo 1"))
     async with CorralEnv(corral, task) as env:
         await env.reset(seed=0)
         _, _, _, _, info = await env.step(
-            {"tool": "bash", "command": f"python3 /agent.py {url(upstream)}/models"}
+            {"tool": "bash", "command": f"python3 /agent.py {url(fake_openai)}/models"}
         )
         check_calls(info["model_calls"])
         await env.step({"tool": "submit"})

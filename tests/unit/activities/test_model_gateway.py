@@ -41,14 +41,6 @@ class HostLoopback:
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[FakeOpenAI]:
-    fake = FakeOpenAI()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[tuple[NodeGateway, HostLoopback]]:
     loopback = HostLoopback()
     gw = NodeGateway(tmp_path, listen=loopback)
@@ -66,10 +58,10 @@ def client_for(loopback: HostLoopback, pid: int, key: str = KEY) -> openai.Async
 
 
 async def test_a_call_is_forwarded_and_recorded_with_its_tokens(
-    gateway: tuple[NodeGateway, HostLoopback], upstream: FakeOpenAI
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
 ) -> None:
     gw, loopback = gateway
-    await gw.open("a" * 64, 1, spec_for(upstream), KEY)
+    await gw.open("a" * 64, 1, spec_for(fake_openai), KEY)
     client = client_for(loopback, 1)
     reply = await client.chat.completions.create(
         model="fake-1",
@@ -94,10 +86,10 @@ async def test_a_call_is_forwarded_and_recorded_with_its_tokens(
 
 
 async def test_a_streamed_call_streams_and_is_recorded_whole(
-    gateway: tuple[NodeGateway, HostLoopback], upstream: FakeOpenAI
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
 ) -> None:
     gw, loopback = gateway
-    await gw.open("b" * 64, 2, spec_for(upstream, max_tokens_per_episode=10_000), KEY)
+    await gw.open("b" * 64, 2, spec_for(fake_openai, max_tokens_per_episode=10_000), KEY)
     stream = await client_for(loopback, 2).chat.completions.create(
         model="fake-1", messages=[{"role": "user", "content": "one two three"}], stream=True
     )
@@ -105,7 +97,7 @@ async def test_a_streamed_call_streams_and_is_recorded_whole(
     # The usage chunk the gateway asked for (to count tokens) is not the agent's.
     assert all(chunk.choices for chunk in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "echo: one two three"
-    assert upstream.requests[-1]["stream_options"] == {"include_usage": True}
+    assert fake_openai.requests[-1]["stream_options"] == {"include_usage": True}
     [call] = gw.drain("b" * 64)
     assert call.stream and call.completion_tokens == 4
     response = json.loads(call.response_json)
@@ -117,21 +109,21 @@ async def test_a_streamed_call_streams_and_is_recorded_whole(
 
 
 async def test_a_wrong_key_is_refused_and_not_recorded(
-    gateway: tuple[NodeGateway, HostLoopback], upstream: FakeOpenAI
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
 ) -> None:
     gw, loopback = gateway
-    await gw.open("c" * 64, 3, spec_for(upstream), KEY)
+    await gw.open("c" * 64, 3, spec_for(fake_openai), KEY)
     with pytest.raises(openai.AuthenticationError):
         await client_for(loopback, 3, key="not-the-key").models.list()
-    assert gw.drain("c" * 64) == [] and upstream.requests == []
+    assert gw.drain("c" * 64) == [] and fake_openai.requests == []
 
 
 async def test_budgets_refuse_further_calls_without_retries(
-    gateway: tuple[NodeGateway, HostLoopback], upstream: FakeOpenAI
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
 ) -> None:
     gw, loopback = gateway
-    await gw.open("d" * 64, 4, spec_for(upstream, max_calls=1), KEY)
-    await gw.open("e" * 64, 5, spec_for(upstream, max_tokens_per_episode=5), KEY)
+    await gw.open("d" * 64, 4, spec_for(fake_openai, max_calls=1), KEY)
+    await gw.open("e" * 64, 5, spec_for(fake_openai, max_tokens_per_episode=5), KEY)
     for pid in (4, 5):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{loopback.ports[pid]}/v1", api_key=KEY, max_retries=3
@@ -139,7 +131,7 @@ async def test_budgets_refuse_further_calls_without_retries(
         await client.completions.create(model="fake-1", prompt="a b c")
         with pytest.raises(openai.RateLimitError, match="is used up"):
             await client.completions.create(model="fake-1", prompt="again")
-    assert len(upstream.requests) == 2  # one each: refusals never reach it, nor are retried
+    assert len(fake_openai.requests) == 2  # one each: refusals never reach it, nor are retried
     first, refused = gw.drain("d" * 64)
     assert first.status == 200 and (refused.status, refused.index) == (429, 1)
     assert "max_calls (1)" in refused.error
@@ -161,11 +153,11 @@ async def test_an_unreachable_upstream_is_a_502_on_record(
 
 
 async def test_a_restarted_worker_keeps_budgets_and_unreported_calls(
-    tmp_path: Path, upstream: FakeOpenAI
+    tmp_path: Path, fake_openai: FakeOpenAI
 ) -> None:
     loopback = HostLoopback()
     first = NodeGateway(tmp_path, listen=loopback)
-    await first.open("9" * 64, 7, spec_for(upstream, max_calls=2), KEY)
+    await first.open("9" * 64, 7, spec_for(fake_openai, max_calls=2), KEY)
     await client_for(loopback, 7).completions.create(model="m", prompt="before")
     await first.stop()
 
@@ -187,9 +179,11 @@ async def test_a_restarted_worker_keeps_budgets_and_unreported_calls(
     await again.stop()
 
 
-async def test_a_gone_sandbox_is_forgotten_on_reopen(tmp_path: Path, upstream: FakeOpenAI) -> None:
+async def test_a_gone_sandbox_is_forgotten_on_reopen(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
     first = NodeGateway(tmp_path, listen=HostLoopback())
-    await first.open("8" * 64, 8, spec_for(upstream), KEY)
+    await first.open("8" * 64, 8, spec_for(fake_openai), KEY)
     await first.stop()
 
     async def gone(sandbox_id: str) -> int:
@@ -201,10 +195,10 @@ async def test_a_gone_sandbox_is_forgotten_on_reopen(tmp_path: Path, upstream: F
 
 
 async def test_the_gateway_forwards_to_its_upstream_path(
-    gateway: tuple[NodeGateway, HostLoopback], upstream: FakeOpenAI
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
 ) -> None:
     gw, loopback = gateway
-    await gw.open("7" * 64, 9, spec_for(upstream), KEY)
+    await gw.open("7" * 64, 9, spec_for(fake_openai), KEY)
     async with aiohttp.ClientSession() as http:
         url = f"http://127.0.0.1:{loopback.ports[9]}/v1/chat/completions"
         headers = {"Authorization": f"Bearer {KEY}"}

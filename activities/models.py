@@ -139,6 +139,36 @@ def gateway_env(key: str) -> dict[str, str]:
     return {BASE_URL_ENV: MODEL_GATEWAY_BASE_URL, API_KEY_ENV: key}
 
 
+class Readiness(_Spec):
+    """When a service is ready: `cmd` run in it exits 0, or `tcp_port` accepts a
+    connection on the episode's loopback (neither: as soon as it started)."""
+
+    cmd: str | list[str] | None = None
+    tcp_port: int | None = Field(default=None, ge=1, le=65535)
+    timeout_s: float = Field(default=60, gt=0, le=900)
+
+
+class Service(_Spec):
+    """`services:` in a spec: a container beside the agent's (a database, a web
+    app under test), sharing its loopback, reached from the agent by `name`."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")  # a host name in /etc/hosts
+    image: str = Field(min_length=1)
+    command: str | list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    ready: Readiness | None = None
+    cpu_cores: float = Field(default=0.5, gt=0, le=64)
+    memory_mb: int = Field(default=256, ge=16, le=65536)
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env_keys(env)
+
+    def argv(self) -> list[str]:
+        return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else self.command
+
+
 class Timeouts(_Spec):
     step_s: float = Field(default=120, gt=0)
     idle_ttl_s: float = Field(default=600, gt=0)
@@ -175,6 +205,8 @@ class EpisodeSpec(_Spec):
     parent_episode: str | None = None
     # The node's model gateway on the sandbox's loopback (None: no model calls).
     model_gateway: ModelGateway | None = None
+    # Containers beside the agent's, on its loopback, by name (docs/trainers.md, "Worlds").
+    services: list[Service] = Field(default_factory=list, max_length=8)
 
     @field_validator("steps", mode="before")
     @classmethod
@@ -199,6 +231,15 @@ class EpisodeSpec(_Spec):
     @classmethod
     def _known_runtime(cls, runtime: str) -> str:
         return check_runtime_name(runtime)
+
+    @field_validator("services")
+    @classmethod
+    def _unique_service_names(cls, services: list[Service]) -> list[Service]:
+        names = [s.name for s in services]
+        clashes = sorted({n for n in names if names.count(n) > 1} | ({"localhost"} & set(names)))
+        if clashes:
+            raise ValueError(f"service names must be unique and not 'localhost': {clashes}")
+        return services
 
     def with_gateway_key(self, key: str) -> EpisodeSpec:
         """This spec with the gateway's variables in its environment (the episode

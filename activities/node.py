@@ -65,13 +65,14 @@ from activities.models import (
 )
 from activities.pool import WarmPool
 from activities.sensorwatch import SensorDown, SensorWatch, Verdict
+from activities.services import start_services, stop_services
 from observability.metrics import Metrics
 from observability.records import AlertRecord, EpisodeAlert, EpisodeRecord, RecordWriter, StepRecord
 from observability.tracing import ATTR_NODE, ATTR_SANDBOX_ID, span
 from sandbox import Containerd, ExecResult, SandboxSpec, network
 from sandbox.cgroups import IDLE_SHARES, ElasticCpu, busy_shares, ceiling_cores
 from sandbox.errors import CorralError, ImageNotFound, SandboxError, SandboxNotFound
-from sandbox.labels import CPU_MODE_LABEL, NODE_LABEL, OWNER_LABEL
+from sandbox.labels import CPU_MODE_LABEL, NODE_LABEL, OWNER_LABEL, SERVICE_OF_LABEL
 from sandbox.registry import RegistryOptions
 from sandbox.userns import range_for_tenant
 
@@ -240,6 +241,7 @@ class NodeActivities:
                     raise
             (await self._ledger())[sandbox_id] = spec.cpu_cores
             await self._open_gateway(sandbox_id, input.spec)
+            await self._start_services(sandbox_id, input)
             current.set_attribute(ATTR_SANDBOX_ID, sandbox_id)
             current.set_attribute("corral.provision.source", source)
         seconds = time.monotonic() - started
@@ -269,6 +271,24 @@ class NodeActivities:
         pid = await _mapped(sandbox.pid())
         key = spec.env.get(API_KEY_ENV, "")
         await _mapped(self._gateway.open(sandbox_id, pid, spec.model_gateway, key))
+
+    async def _start_services(self, sandbox_id: str, input: ProvisionInput) -> None:
+        """The spec's services beside the sandbox, ready (activities/services.py)."""
+        if not input.spec.services:
+            return
+        agent = await _mapped(self._containerd.get_sandbox(sandbox_id))
+        pull = self._containerd.pulls.ensure
+
+        async def ensure_image(image: str) -> object:
+            return await _heartbeating(pull(image, self._registry))
+
+        started = start_services(
+            self._containerd, agent, input.spec, input.labels, ensure_image=ensure_image
+        )
+        made = await _heartbeating(_mapped(started))
+        ledger = await self._ledger()
+        for service, made_id in zip(input.spec.services, made, strict=True):
+            ledger[made_id] = service.cpu_cores
 
     def _model_calls(self, sandbox_id: str) -> list[ModelCall]:
         return self._gateway.drain(sandbox_id) if self._gateway else []
@@ -306,7 +326,8 @@ class NodeActivities:
         if self._pool is None or not workflow_id:
             return None
         owned = await self._containerd.list_sandboxes({OWNER_LABEL: workflow_id})
-        return owned[0].id if owned else None
+        agents = [info.id for info in owned if SERVICE_OF_LABEL not in info.labels]
+        return agents[0] if agents else None
 
     @activity.defn(name="corral.teardown")
     async def teardown(self, input: TeardownInput) -> TeardownResult:
@@ -324,6 +345,8 @@ class NodeActivities:
         model_calls = self._model_calls(input.sandbox_id)
         if self._gateway is not None:
             await self._gateway.close(input.sandbox_id)
+        for service in await _mapped(stop_services(self._containerd, input.sandbox_id)):
+            (await self._ledger()).pop(service, None)
         with span("corral.teardown", **{ATTR_SANDBOX_ID: input.sandbox_id, ATTR_NODE: self.node}):
             removed = await _heartbeating(
                 _mapped(self._containerd.destroy_sandbox(input.sandbox_id))

@@ -432,4 +432,27 @@ def write_results(results: list[EpisodeResult], path: Path) -> None:
     pl.DataFrame(rows).write_parquet(path)
 
 
-COMMANDS = [episode, run_batch]
+@click.group()
+def spec() -> None:
+    """Episode specs: convert other formats."""
+
+
+@spec.command("from-compose")
+@click.argument("compose_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--agent", default=None, help="The compose service the agent runs in.")
+def spec_from_compose_file(compose_file: Path, agent: str | None) -> None:
+    """Print an episode spec (YAML) with the compose file's services beside the agent."""
+    import yaml
+
+    from corral.compose import ComposeError, spec_from_compose
+
+    try:
+        converted, dropped = spec_from_compose(yaml.safe_load(compose_file.read_text()), agent)
+    except (ComposeError, yaml.YAMLError) as err:
+        raise click.ClickException(f"{compose_file}: {' '.join(str(err).split())}") from err
+    if dropped:
+        click.echo(f"corral: not carried over: {', '.join(dropped)}", err=True)
+    click.echo(yaml.safe_dump(converted, sort_keys=False), nl=False)
+
+
+COMMANDS = [episode, run_batch, spec]

@@ -120,6 +120,9 @@ class SandboxSpec(BaseModel):
     exec_agent: bool | None = None
     runtime: str = "runc"
     shim_group: str | None = None
+    # An episode's service: the host pid of the sandbox whose network namespace it
+    # shares (a pod: one loopback, services reached as 127.0.0.1 by name).
+    join_network_of: int | None = Field(default=None, ge=1)
     command: list[str] = Field(default_factory=lambda: ["sleep", "2147483647"], min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
 

@@ -368,5 +368,15 @@ def _linux(
         namespaces.append("user")
         linux["uidMappings"] = userns.oci()
         linux["gidMappings"] = userns.oci()
-    linux["namespaces"] = [{"type": ns} for ns in namespaces]
+    linux["namespaces"] = [_namespace(ns, spec) for ns in namespaces]
     return linux
+
+
+def _namespace(kind: str, spec: SandboxSpec) -> dict[str, str]:
+    """A new namespace, or (an episode's service) the network of the sandbox it
+    serves, and its user namespace: only the owner of a network namespace may
+    mount a sysfs for it."""
+    joined = spec.join_network_of
+    if joined is not None and kind in ("network", "user"):
+        return {"type": kind, "path": f"/proc/{joined}/ns/{'net' if kind == 'network' else kind}"}
+    return {"type": kind}

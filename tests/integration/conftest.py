@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -123,3 +126,47 @@ async def wait_for(predicate: asyncio.Future[bool] | object, timeout_s: float = 
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+# Debian bookworm's python3 (debootstrap, cached in CORRAL_CACHE_DIR) plus the
+# `openai` package at the host's version in PYLIB (pip --target, cached): the
+# model gateway's and the services' tests run real Python in their sandboxes.
+PYTHON_IMAGE = "corral.local/python-openai:test"
+PYLIB = "/opt/corral-py"
+
+
+@pytest.fixture(scope="session")
+def python_image_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import openai
+
+    from sandbox.debian import build_debian_image, make_layer_from_dir, write_debian_archive
+
+    cache = Path(os.environ.get("CORRAL_CACHE_DIR", REPO / ".cache"))
+    built = build_debian_image(cache / "debian", ["python3"])
+    pylib = cache / "pylib" / f"openai-{openai.__version__}"
+    if not (pylib / "done").exists():  # the layer is the tree below `layer/`
+        shutil.rmtree(pylib, ignore_errors=True)
+        target = pylib / "layer" / PYLIB.lstrip("/")
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target"]
+        subprocess.run([*pip, str(target), f"openai=={openai.__version__}"], check=True)
+        (pylib / "done").touch()
+    layer = make_layer_from_dir(pylib / "layer", tmp_path_factory.mktemp("layer") / "l.tar")
+    out = tmp_path_factory.mktemp("image") / "image.tar"
+    return write_debian_archive(built, out, PYTHON_IMAGE, extra_layers=[layer])
+
+
+@pytest_asyncio.fixture(scope="session")
+async def python_image(stack: Stack, python_image_archive: Path) -> AsyncIterator[str]:
+    """PYTHON_IMAGE on every node of the session stack, removed at the end."""
+    config = stack.config
+    for node in config.node_names():
+        async with await Containerd.connect(
+            str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+        ) as client:
+            await client.images.import_archive(python_image_archive)
+    yield PYTHON_IMAGE
+    for node in config.node_names():
+        async with await Containerd.connect(
+            str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
+        ) as client:
+            await client.images.remove(PYTHON_IMAGE)

@@ -14,28 +14,18 @@ test_model_gateway_warm.py), with the pool on and the sensor watching.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
-import openai
 import pytest
-import pytest_asyncio
 
 from activities.models import ModelCall
 from corral import Corral
 from corral.env import CorralEnv, Task
 from corral.errors import InvalidEpisodeSpec
 from corral.export import export_trajectories
-from sandbox import Containerd
-from sandbox.debian import build_debian_image, make_layer_from_dir, write_debian_archive
 from tests.fake_openai import FakeOpenAI
-from tests.integration.conftest import REPO, wait_for
-from workers.config import StackConfig
+from tests.integration.conftest import PYLIB, PYTHON_IMAGE, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -43,8 +33,6 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("debootstrap"), reason="needs debootstrap"),
 ]
 
-IMAGE = "corral.local/python-openai:test"
-PYLIB = "/opt/corral-py"
 AGENT = """\
 import sys, urllib.request
 import openai
@@ -70,48 +58,13 @@ except OSError as err:
 
 def spec(upstream: str, **more: object) -> dict[str, object]:
     return {
-        "image": IMAGE,
+        "image": PYTHON_IMAGE,
         "env": {"PYTHONPATH": PYLIB},
         "files": [{"path": "/agent.py", "content": AGENT}],
         "resources": {"memory_mb": 512},
         "model_gateway": {"upstream": upstream, "max_calls": 2},
         **more,
     }
-
-
-@pytest.fixture(scope="module")
-def image_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    cache = Path(os.environ.get("CORRAL_CACHE_DIR", REPO / ".cache"))
-    built = build_debian_image(cache / "debian", ["python3"])
-    pylib = cache / "pylib" / f"openai-{openai.__version__}"
-    if not (pylib / "done").exists():  # the layer is the tree below `layer/`
-        shutil.rmtree(pylib, ignore_errors=True)
-        target = pylib / "layer" / PYLIB.lstrip("/")
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target"]
-        subprocess.run([*pip, str(target), f"openai=={openai.__version__}"], check=True)
-        (pylib / "done").touch()
-    layer = make_layer_from_dir(pylib / "layer", tmp_path_factory.mktemp("layer") / "l.tar")
-    out = tmp_path_factory.mktemp("image") / "image.tar"
-    yield write_debian_archive(built, out, IMAGE, extra_layers=[layer])
-
-
-@pytest_asyncio.fixture(scope="module")
-async def python_image(stack_config: StackConfig, image_archive: Path) -> AsyncIterator[str]:
-    clients = [
-        await Containerd.connect(
-            str(stack_config.containerd_socket(node)),
-            namespace=stack_config.nodes.containerd_namespace,
-        )
-        for node in stack_config.node_names()
-    ]
-    try:
-        for client in clients:
-            await client.images.import_archive(image_archive)
-        yield IMAGE
-    finally:
-        for client in clients:
-            await client.images.remove(IMAGE)
-            await client.close()
 
 
 def url(fake: FakeOpenAI) -> str:

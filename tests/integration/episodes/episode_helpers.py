@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from sandbox import Containerd
+from sandbox.labels import OWNER_LABEL
 from workers.config import StackConfig
 
 
@@ -21,16 +22,20 @@ async def sandbox_ids(config: StackConfig) -> dict[str, set[str]]:
     return held
 
 
-async def sandboxes_of(config: StackConfig, workflow_id: str) -> list[str]:
-    """Every sandbox any node holds for this episode (a warm claim keeps its pool id)."""
-    found: list[str] = []
+async def labelled(config: StackConfig, labels: dict[str, str]) -> list[tuple[str, str]]:
+    """(node, sandbox id) of every sandbox any node holds with these labels."""
+    found: list[tuple[str, str]] = []
     for node in config.node_names():
         async with await Containerd.connect(
             str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
         ) as client:
-            owned = await client.list_sandboxes({"corral.workflow_id": workflow_id})
-            found += [f"{node}/{info.id}" for info in owned]
+            found += [(node, info.id) for info in await client.list_sandboxes(labels)]
     return found
+
+
+async def sandboxes_of(config: StackConfig, workflow_id: str) -> list[str]:
+    """Every sandbox any node holds for this episode (a warm claim keeps its pool id)."""
+    return [f"{node}/{sid}" for node, sid in await labelled(config, {OWNER_LABEL: workflow_id})]
 
 
 async def sandbox_exists(config: StackConfig, sandbox_id: str) -> bool:

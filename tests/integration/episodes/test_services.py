@@ -12,9 +12,9 @@ import pytest
 
 from corral import Corral
 from corral.errors import EpisodeFailed, InvalidEpisodeSpec
-from sandbox import Containerd
 from sandbox.labels import SERVICE_OF_LABEL
 from tests.integration.conftest import wait_for
+from tests.integration.episodes.episode_helpers import labelled
 from workers.config import StackConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -58,14 +58,8 @@ def world(image: str) -> dict[str, object]:
     }
 
 
-async def services_of(config: StackConfig, sandbox_id: str) -> list[str]:
-    found: list[str] = []
-    for node in config.node_names():
-        async with await Containerd.connect(
-            str(config.containerd_socket(node)), namespace=config.nodes.containerd_namespace
-        ) as client:
-            found += [i.id for i in await client.list_sandboxes({SERVICE_OF_LABEL: sandbox_id})]
-    return found
+async def services_of(config: StackConfig, sandbox_id: str) -> list[tuple[str, str]]:
+    return await labelled(config, {SERVICE_OF_LABEL: sandbox_id})
 
 
 async def test_an_agent_queries_its_database_by_name_forks_and_leaves_nothing(

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from activities.models import EpisodeSpec
+from activities.services import _append_hosts
 from sandbox.models import SandboxSpec
 from sandbox.spec import build_oci_spec
 from sandbox.userns import IdMapping
@@ -46,3 +49,18 @@ def test_service_names_are_host_names_and_unique() -> None:
     ):
         with pytest.raises(ValidationError):
             EpisodeSpec.model_validate({"image": "busybox", "services": bad})
+
+
+def test_service_names_are_added_to_hosts_once_and_no_symlink_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    _append_hosts(tmp_path, "127.0.0.1 db\n")
+    _append_hosts(tmp_path, "127.0.0.1 db\n")  # a retried provision
+    assert (tmp_path / "etc" / "hosts").read_text() == "127.0.0.1 localhost\n127.0.0.1 db\n"
+
+    outside = tmp_path / "host-file"
+    outside.write_text("host\n")
+    (tmp_path / "etc" / "hosts").unlink()
+    (tmp_path / "etc" / "hosts").symlink_to(outside)
+    with pytest.raises(OSError):
+        _append_hosts(tmp_path, "127.0.0.1 db\n")
+    assert outside.read_text() == "host\n"

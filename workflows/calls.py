@@ -97,6 +97,7 @@ class CallsProgress(BaseModel):
 
     steps_done: int
     last_call: datetime
+    held: str = ""  # why calls are refused now (quarantine), empty while they run
 
 
 class HoldRequest(BaseModel):
@@ -307,7 +308,9 @@ class EpisodeCallsWorkflow:
 
     @workflow.query
     def progress(self) -> CallsProgress:
-        return CallsProgress(steps_done=len(self._steps), last_call=self._last_call)
+        return CallsProgress(
+            steps_done=len(self._steps), last_call=self._last_call, held=self._held
+        )
 
     # ------------------------------------------------------------- helpers
     def _check_open(self) -> None:

@@ -165,6 +165,8 @@ NODE_FULL_WAITS = "node-full-waits"
 CALLS_ON_NODE = "calls-on-node"
 # Patch id: a lean run whose node is lost is placed again when its steps are idempotent.
 LEAN_PLACED_AGAIN = "lean-placed-again"
+# A quarantine or release that met the calls workflow's start is passed on after it.
+CALLS_HOLD_AFTER_START = "calls-hold-after-start"
 # After the episode ends, wait this long for its calls workflow's step log.
 CALLS_LOG_WAIT_S = 30.0
 
@@ -595,8 +597,10 @@ class EpisodeWorkflow:
         # child starts from the next free step index.
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._calls_starting = True
+        started_held = self._s.quarantined  # what _start_calls tells the child
         try:
             self._calls = await self._start_calls(ttl)
+            await self._hold_as_now(started_held)
         except WorkflowAlreadyStartedError as err:
             # A calls run of this episode is still open (it ends by itself):
             # the episode serves its calls itself.
@@ -623,6 +627,22 @@ class EpisodeWorkflow:
             # `finally`: a workflow evicted from the cache must not await.)
             await self._signal_calls(CLOSE_SIGNAL)
             raise
+
+    def _calls_held(self) -> bool:
+        """Whether the calls workflow should refuse calls now (a quarantine, in
+        force or ordered)."""
+        return self._s.quarantined or bool(self._s.pending_quarantines)
+
+    async def _hold_as_now(self, started_held: bool) -> None:
+        """The hold or resume the child missed while it was starting (signals
+        to it are dropped until its handle exists)."""
+        if self._calls_held() == started_held or not workflow.patched(CALLS_HOLD_AFTER_START):
+            return
+        if self._calls_held():
+            reason = self._s.reason or "quarantined"
+            await self._signal_calls(HOLD_SIGNAL, HoldRequest(reason=reason))
+        else:
+            await self._signal_calls(RESUME_SIGNAL)
 
     async def _start_calls(
         self, ttl: timedelta

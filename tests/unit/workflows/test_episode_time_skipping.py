@@ -352,6 +352,18 @@ async def _until_state(handle: WorkflowHandle[object, EpisodeResult], state: str
     raise AssertionError(f"{handle.id} never became {state}")
 
 
+async def _calls_held(
+    env: WorkflowEnvironment, handle: WorkflowHandle[object, EpisodeResult]
+) -> None:
+    calls = env.client.get_workflow_handle(calls_workflow_id(handle.id))
+    for _ in range(200):
+        with contextlib.suppress(RPCError):
+            if (await calls.query(EpisodeCallsWorkflow.progress)).held:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the calls workflow of {handle.id} never held")
+
+
 async def _calls_running(
     env: WorkflowEnvironment, handle: WorkflowHandle[object, EpisodeResult]
 ) -> None:
@@ -456,6 +468,10 @@ async def test_quarantine_freezes_refuses_requests_and_kills_on_its_timeout(
     # `quarantined` (the freeze's start alone raced the hold on a loaded machine).
     await _until(lambda: "freeze" in node.calls)
     await _until_state(handle, "quarantined")
+    # The test server may apply the hold to the calls workflow after the episode
+    # already says `quarantined` (the real server has it in the child's history
+    # first, and the SDK applies it before a later Update): wait for the hold.
+    await _calls_held(env, handle)
     with pytest.raises(EpisodeQuarantined):
         await _exec(handle)
     with pytest.raises(WorkflowFailureError) as caught:  # an hour passes in no time

@@ -51,6 +51,7 @@ RECORD_BYTES_PER_STEP = 256 * 1024
 Listen = Callable[[int, int], socket.socket]  # (sandbox pid, port) -> listening socket
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _NO_RETRY = {"x-should-retry": "false"}
+_HUNG_UP = "model gateway: the agent hung up mid-stream"
 
 
 class _Opened(BaseModel):
@@ -200,7 +201,8 @@ class NodeGateway:
             call.finish(response.status, _json_or_none(response.body))
             return response
         except ConnectionResetError:
-            call.finish(499, None, error="model gateway: the agent hung up mid-stream")
+            if not call.finished:
+                call.finish(499, None, error=_HUNG_UP)
             raise
         except (aiohttp.ClientError, TimeoutError) as err:
             reason = f"model gateway: upstream {route.opened.spec.upstream} failed: {err!r}"
@@ -231,15 +233,23 @@ class NodeGateway:
             out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
             await out.prepare(request)
             assembly = StreamAssembly()
-            async for event in _events(up.content):
-                chunk = _json_or_none(event.removeprefix(b"data:").strip())
-                if chunk is not None:
-                    assembly.feed(chunk)
-                    if call.hide_usage_chunk and not chunk.get("choices"):
-                        continue  # the usage chunk the gateway asked for, not the agent
-                await out.write(event + b"\n\n")
-            await out.write_eof()
+            try:
+                async for event in _events(up.content):
+                    chunk = _json_or_none(event.removeprefix(b"data:").strip())
+                    if chunk is not None:
+                        assembly.feed(chunk)
+                        if call.hide_usage_chunk and not chunk.get("choices"):
+                            continue  # the usage chunk the gateway asked for, not the agent
+                    await out.write(event + b"\n\n")
+            except ConnectionResetError:
+                # The agent hung up mid-stream: what it was sent is kept beside the 499.
+                call.finish(499, assembly.result(), error=_HUNG_UP)
+                raise
+            # Everything the upstream sent reached the agent: the call is whole even if the
+            # agent, having read [DONE], closes before the chunked body's last frame.
             call.finish(200, assembly.result())
+            with contextlib.suppress(ConnectionResetError):
+                await out.write_eof()
             return out
 
     @contextlib.asynccontextmanager
@@ -293,6 +303,10 @@ class _Call:
 
     def finish(self, status: int, response: dict[str, Any] | None, error: str = "") -> None:
         self._status, self._response, self._error = status, response, error
+
+    @property
+    def finished(self) -> bool:
+        return self._status != 0
 
     def refused(self, status: int, reason: str) -> ModelCall:
         self.finish(status, None, error=reason)

@@ -30,6 +30,9 @@ class FakeOpenAI:
         self.app.router.add_get("/v1/models", self._models)
         self._runner: web.AppRunner | None = None
         self.port = 0
+        # A server may hold a stream open a moment after [DONE] (vLLM's keep-alive, a proxy):
+        # the agent has everything by then and may hang up first.
+        self.linger_after_done_s = 0.0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve; returns the base URL (…/v1)."""
@@ -106,6 +109,7 @@ class FakeOpenAI:
         if (body.get("stream_options") or {}).get("include_usage"):
             await out.write(_event({**head, "object": obj, "choices": [], "usage": usage}))
         await out.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(self.linger_after_done_s)
         await out.write_eof()
         return out
 

@@ -5,11 +5,13 @@ loopback here: the sandbox's own loopback is the integration test's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -106,6 +108,60 @@ async def test_a_streamed_call_streams_and_is_recorded_whole(
         "role": "assistant",
         "content": "echo: one two three",
     }
+
+
+async def _read_stream_then_hang_up(port: int, stop_after: bytes) -> bytes:
+    """A raw agent: posts a streamed chat call, reads until `stop_after`, closes at once."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps(
+        {"model": "fake-1", "stream": True, "messages": [{"role": "user", "content": "a b c d"}]}
+    ).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    seen = b""
+    while stop_after not in seen:
+        piece = await asyncio.wait_for(reader.read(4096), timeout=10)
+        assert piece, f"the stream ended before {stop_after!r}: {seen!r}"
+        seen += piece
+    writer.transport.abort()  # a hang-up, not a polite close
+    return seen
+
+
+async def _drained(gw: NodeGateway, sandbox_id: str) -> list[Any]:
+    for _ in range(200):  # the gateway records once its handler returns, after the hang-up
+        calls = gw.drain(sandbox_id)
+        if calls:
+            return calls
+        await asyncio.sleep(0.01)
+    raise AssertionError("the gateway recorded no call")
+
+
+async def test_an_agent_that_hangs_up_after_done_has_its_whole_call_recorded(
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
+) -> None:
+    # The server keeps the stream open after [DONE]; the agent has all it needs and leaves.
+    fake_openai.linger_after_done_s = 0.3
+    gw, loopback = gateway
+    await gw.open("9" * 64, 9, spec_for(fake_openai), KEY)
+    await _read_stream_then_hang_up(loopback.ports[9], b"[DONE]")
+    [call] = await _drained(gw, "9" * 64)
+    assert (call.status, call.error, call.completion_tokens) == (200, "", 5)
+    assert json.loads(call.response_json)["choices"][0]["message"]["content"] == "echo: a b c d"
+
+
+async def test_an_agent_that_hangs_up_mid_stream_is_a_499_with_what_it_was_sent(
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
+) -> None:
+    gw, loopback = gateway
+    await gw.open("8" * 64, 8, spec_for(fake_openai), KEY)
+    await _read_stream_then_hang_up(loopback.ports[8], b"echo:")
+    [call] = await _drained(gw, "8" * 64)
+    assert call.status == 499 and "hung up mid-stream" in call.error
+    assert json.loads(call.response_json)["choices"][0]["message"]["content"].startswith("echo:")
 
 
 async def test_a_wrong_key_is_refused_and_not_recorded(

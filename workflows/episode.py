@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -220,6 +220,7 @@ class EpisodeWorkflow:
         self._outcome = ""  # how the episode ends, once it is closing
         # The calls workflow on the node while it serves this episode's calls.
         self._calls: ChildWorkflowHandle[EpisodeCallsWorkflow, CallsResult] | None = None
+        self._body_cancelled = False  # see _body_wait
         self._calls_starting = False
 
     # ------------------------------------------------------------------ run
@@ -283,7 +284,7 @@ class EpisodeWorkflow:
         try:
             await self._watch(body)
         except asyncio.CancelledError:
-            body.cancel()  # the workflow was cancelled: stop the body too
+            self._cancel_body(body)  # the workflow was cancelled: stop the body too
             await _settle(body)
             raise
 
@@ -295,7 +296,7 @@ class EpisodeWorkflow:
                 await self._quarantine(self._s.pending_quarantines[0])
                 continue
             if self._s.kill is not None:
-                body.cancel()
+                self._cancel_body(body)
                 await _settle(body)
                 raise _Killed(self._s.kill)
             remaining = (deadline - workflow.now()).total_seconds()
@@ -525,7 +526,7 @@ class EpisodeWorkflow:
                 if self._wants_continue_as_new():
                     self._s.continue_due = True
                     return None  # the next run goes on from this step
-                await self._wait_unfrozen()
+                await self._body_wait(self._unfrozen)
                 async with self._lock:
                     result = await self._run_step(step, "scripted")
                 if not result.ok:
@@ -534,7 +535,7 @@ class EpisodeWorkflow:
         if self._spec.interactive and not await self._wait_for_finish():
             self._s.continue_due = True
             return None  # continue-as-new is due: the next run goes on
-        await self._wait_unfrozen()
+        await self._body_wait(self._unfrozen)
         if self._spec.reward is None:
             return None
         async with self._lock:
@@ -556,7 +557,7 @@ class EpisodeWorkflow:
         while not self._s.finishing:
             seen = self._s.activity_seq
             try:
-                await workflow.wait_condition(
+                await self._body_wait(
                     lambda: (
                         self._s.finishing
                         or (not rearm and self._s.activity_seq != seen)  # noqa: B023 - awaited within this iteration
@@ -567,14 +568,12 @@ class EpisodeWorkflow:
             except TimeoutError:
                 if rearm and self._s.quarantined:
                     # Quarantine has its own timer; idle time starts again on release.
-                    await workflow.wait_condition(
-                        lambda: not self._s.quarantined or self._s.finishing
-                    )
+                    await self._body_wait(lambda: not self._s.quarantined or self._s.finishing)
                     self._s.last_activity = workflow.now()
                     continue
                 if rearm and (self._lock.locked() or self._idle_left_s(ttl) > 0):
                     # A request came, or one still runs: not idle yet.
-                    await workflow.wait_condition(lambda: not self._lock.locked())
+                    await self._body_wait(lambda: not self._lock.locked())
                     continue
                 if self._hibernate_due():
                     await self._hibernate()
@@ -610,7 +609,7 @@ class EpisodeWorkflow:
             self._calls_starting = False
         calls = self._calls
         try:
-            await workflow.wait_condition(lambda: calls.done() or self._s.finishing)
+            await self._body_wait(lambda: calls.done() or self._s.finishing)
             await self._signal_calls(CLOSE_SIGNAL)
             return self._absorb(await calls).ended
         except ChildWorkflowError as err:
@@ -708,9 +707,29 @@ class EpisodeWorkflow:
             workflow.logger.info("calls of %s missed %s: %s", self._s.sandbox_id, signal, err)
 
     async def _wait_unfrozen(self) -> None:
-        await workflow.wait_condition(
-            lambda: not self._s.quarantined and not self._s.pending_quarantines
-        )
+        await workflow.wait_condition(self._unfrozen)
+
+    def _unfrozen(self) -> bool:
+        return not self._s.quarantined and not self._s.pending_quarantines
+
+    async def _body_wait(
+        self, condition: Callable[[], bool], timeout: timedelta | None = None
+    ) -> None:
+        """The body's waits, which its cancellation ends even if the SDK erased it.
+
+        A task cancelled while it awaits a signal to another workflow keeps
+        awaiting the signal's own outcome and then goes on as if never
+        cancelled (the SDK's `_await_temporal_operation`). A kill that met the
+        hold sent to the calls workflow did that, and the episode hung, killed
+        but never closed. The body raises here instead, where the cancellation
+        would have reached it, so the commands are the same as when it did."""
+        await workflow.wait_condition(lambda: condition() or self._body_cancelled, timeout=timeout)
+        if self._body_cancelled:
+            raise asyncio.CancelledError
+
+    def _cancel_body(self, body: asyncio.Task[Any]) -> None:
+        self._body_cancelled = True
+        body.cancel()
 
     async def _run_step(self, step: Step, source: str) -> StepResult:
         result = await self._run_step_once(step, source)

@@ -39,9 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from activities.models import NodeCapacity, NodeUsage
+from contract.config import NodeBudgetConfig
 from sandbox.cgroups import CGROUP_ROOT
 from sandbox.spec import CGROUP_PARENT
 
@@ -53,28 +52,12 @@ THREADS_PER_IDLE_SANDBOX = 6
 # Memory a new idle sandbox takes on the host (its cgroup ~1.5 MiB plus a share
 # of its shim), counted for placements a heartbeat has not reported yet.
 IDLE_SANDBOX_MB = 8
-DEFAULT_OVERCOMMIT = 50.0
 # CPU pressure closes the gate only while the sandboxes use this share of the
 # cores; it reopens once they use less than REOPEN_SHARE (or pressure falls).
 SANDBOX_CPU_SHARE = 0.75
 REOPEN_SHARE = 0.5
 # Sandboxes' CPU time: their common parent cgroup (sandbox/spec.py).
 SANDBOX_CPUACCT = CGROUP_ROOT / "cpuacct" / CGROUP_PARENT.strip("/") / "cpuacct.usage"
-
-
-class NodeBudgetConfig(BaseModel):
-    """`nodes.budget` in temporal-dev.yaml; every unset value comes from the machine."""
-
-    model_config = ConfigDict(extra="forbid")
-    cores: float | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, ge=64)
-    pids: int | None = Field(default=None, ge=64)
-    max_sandboxes: int | None = Field(default=None, ge=0)
-    overcommit: float = Field(default=DEFAULT_OVERCOMMIT, ge=1)
-    cpu_pressure_high: float = Field(default=90.0, gt=0, le=100)
-    cpu_pressure_low: float = Field(default=60.0, ge=0, le=100)
-    hysteresis: float = Field(default=0.05, ge=0, lt=1)
-    disk_min_free_mb: int = Field(default=256, ge=0)
 
 
 def node_capacity(budget: NodeBudgetConfig | None = None) -> NodeCapacity:

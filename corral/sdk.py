@@ -91,6 +91,7 @@ from corral.errors import (
 from observability.tracing import flush_tracing, setup_tracing
 from sandbox.blobs import INLINE_MAX, FileBlob, files_repository, pull_bytes, push_bytes
 from sandbox.errors import CorralError
+from sandbox.registry import registry_options
 from workers.config import RegistryConfig, StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
 from workers.tenants import TenantRuleViolation, prepare_for_tenant
@@ -350,7 +351,8 @@ class Episode:
 
     async def _put_file(self, path: str, data: bytes, mode: int) -> None:
         registry = self._registry()
-        blob = await push_bytes(files_repository(registry.default), data, registry.options())
+        options = registry_options(registry)
+        blob = await push_bytes(files_repository(registry.default), data, options)
         await self._update("put_file", PutFileRequest(path=path, blob=blob, mode=mode), None)
 
     async def _get_file(self, path: str, max_bytes: int) -> bytes:
@@ -359,7 +361,7 @@ class Episode:
             path=path, repository=files_repository(registry.default), max_bytes=max_bytes
         )
         blob: FileBlob = await self._update("get_file", request, FileBlob)
-        return await pull_bytes(blob, registry.options())
+        return await pull_bytes(blob, registry_options(registry))
 
     def _registry(self) -> RegistryConfig:
         if self._corral is None:

@@ -22,11 +22,11 @@ import re
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contract.priority import Priority
 from sandbox.errors import CorralError
 
 ANOMALY_SIGNAL = "anomaly"
@@ -42,69 +42,6 @@ KEPT_FIELDS = ("container.id", "container.full_id", "proc.cmdline", "proc.pid")
 
 class MalformedAlert(CorralError):
     """An alert body was not Falco alert JSON; the message names what was wrong."""
-
-
-class Priority(StrEnum):
-    """Falco's priorities, compared by severity (``Priority.CRITICAL > Priority.WARNING``).
-
-    The values are the spelling Falco's JSON output uses. Comparison is by
-    severity, not alphabetically, which is why the operators are overridden.
-    """
-
-    EMERGENCY = "Emergency"
-    ALERT = "Alert"
-    CRITICAL = "Critical"
-    ERROR = "Error"
-    WARNING = "Warning"
-    NOTICE = "Notice"
-    INFORMATIONAL = "Informational"
-    DEBUG = "Debug"
-
-    @property
-    def severity(self) -> int:
-        """0 for Debug up to 7 for Emergency."""
-        return _SEVERITY[self]
-
-    @classmethod
-    def parse(cls, value: object) -> Priority:
-        """Case-insensitive, with the aliases Falco and Falcosidekick accept."""
-        if isinstance(value, Priority):
-            return value
-        if not isinstance(value, str):
-            raise ValueError(f"priority must be a string, got {type(value).__name__}")
-        found = _BY_NAME.get(value.strip().lower())
-        if found is None:
-            names = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown priority {value!r} (one of {names})")
-        return found
-
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Priority):
-            return NotImplemented
-        return self.severity < other.severity
-
-    def __le__(self, other: object) -> bool:
-        if not isinstance(other, Priority):
-            return NotImplemented
-        return self.severity <= other.severity
-
-    def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Priority):
-            return NotImplemented
-        return self.severity > other.severity
-
-    def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Priority):
-            return NotImplemented
-        return self.severity >= other.severity
-
-    # Enum members with overridden ordering still hash as their value.
-    __hash__ = str.__hash__
-
-
-_SEVERITY = {p: 7 - i for i, p in enumerate(Priority)}
-_BY_NAME: dict[str, Priority] = {p.value.lower(): p for p in Priority}
-_BY_NAME.update({"info": Priority.INFORMATIONAL, "warn": Priority.WARNING, "err": Priority.ERROR})
 
 
 class Alert(BaseModel):

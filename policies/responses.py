@@ -35,7 +35,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from policies.alert import Alert, Priority
+from contract.priority import Priority
+from policies.alert import Alert
 from sandbox.errors import CorralError
 
 Action = Literal["kill", "quarantine", "notify"]

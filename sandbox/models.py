@@ -9,14 +9,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract.checks import (
+    RUNTIME_BINARIES,
+    check_env_keys,
+    check_runtime_name,
+    check_tmpfs_fits,
+)
 from sandbox.network import EgressRule
 
-# Runtimes we know how to drive, and the binary each one needs on PATH.
-RUNTIME_BINARIES: dict[str, tuple[str, ...]] = {
-    "runc": ("runc", "containerd-shim-runc-v2"),
-    "crun": ("crun", "containerd-shim-runc-v2"),
-    "runsc": ("runsc", "containerd-shim-runsc-v1"),
-}
 RUNTIME_HINTS = {
     "runsc": "gVisor is not installed on this host (no Debian package); use runc",
 }
@@ -27,34 +27,8 @@ DEFAULT_IO_IOPS = 4000
 DEFAULT_EGRESS_MBIT = 100
 MAX_USERNS_RANGES = 4096
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^\d+(:\d+)?$")
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,75}$")
-
-
-def check_env_keys(env: dict[str, str]) -> dict[str, str]:
-    """Every key a variable name (a key with '=' or a space would corrupt the env list)."""
-    for key in env:
-        if not _ENV_KEY.match(key):
-            raise ValueError(f"env key {key!r} is not a valid variable name")
-    return env
-
-
-def check_tmpfs_fits(tmpfs_mb: int, memory_mb: int) -> None:
-    # tmpfs pages are charged to the sandbox's memory cgroup: a full /tmp
-    # plus a full /dev/shm must leave room for the processes themselves.
-    if 2 * tmpfs_mb >= memory_mb:
-        raise ValueError(
-            f"tmpfs_mb {tmpfs_mb} is too large for memory_mb {memory_mb}: "
-            "/tmp and /dev/shm together must stay below memory_mb"
-        )
-
-
-def check_runtime_name(runtime: str) -> str:
-    """A runtime Corral drives (whether this host has it is the node's check)."""
-    if runtime not in RUNTIME_BINARIES:
-        raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIME_BINARIES)}")
-    return runtime
 
 
 def validate_sandbox_id(sandbox_id: str) -> str:

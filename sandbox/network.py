@@ -78,6 +78,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contract.checks import egress_cidr
 from sandbox.errors import NetworkError
 from sandbox.hosttools import run_tool
 
@@ -87,7 +88,6 @@ __all__ = [
     "attach_network",
     "cut_network",
     "detach_network",
-    "egress_cidr",
     "list_attachments",
     "restore_network",
 ]
@@ -119,17 +119,6 @@ class EgressRule(BaseModel):
     @classmethod
     def _valid_cidr(cls, value: str) -> str:
         return egress_cidr(value)
-
-
-def egress_cidr(value: str) -> str:
-    """An IPv4 network address in canonical form; ValueError naming the value otherwise."""
-    try:
-        net = ipaddress.ip_network(value, strict=True)
-    except ValueError as exc:
-        raise ValueError(f"egress cidr {value!r} is not a network address: {exc}") from exc
-    if net.version != 4:
-        raise ValueError(f"egress cidr {value!r}: IPv6 is not supported (sandboxes get IPv4)")
-    return str(net)
 
 
 class NetworkAttachment(BaseModel):

@@ -19,6 +19,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from sandbox.errors import InvalidSpec, SandboxError
+from contract.config import DEFAULT_INSECURE, RegistryConfig
+from contract.errors import InvalidSpec, SandboxError
 from sandbox.grpc_errors import one_line
 
 MEDIA_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -37,15 +39,12 @@ MEDIA_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MANIFEST_TYPES = (MEDIA_OCI_MANIFEST, MEDIA_OCI_INDEX, MEDIA_DOCKER_MANIFEST, MEDIA_DOCKER_LIST)
 INDEX_MEDIA_TYPES = frozenset({MEDIA_OCI_INDEX, MEDIA_DOCKER_LIST})
-DEFAULT_INSECURE = ("localhost", "127.0.0.1", "[::1]")
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 MANIFEST_MAX_BYTES = 4 * 1024 * 1024
 CHUNK = 1024 * 1024
 CONNECT_ATTEMPTS = 3  # a registry that is down fails the pull after these, never forever
 RETRY_DELAY_S = 0.5
-USERNAME_ENV = "CORRAL_REGISTRY_USERNAME"
-PASSWORD_ENV = "CORRAL_REGISTRY_PASSWORD"
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
@@ -164,6 +163,16 @@ class RegistryOptions:
 
 def credentials_from(username: str | None, password: str | None) -> Credentials | None:
     return Credentials(username, password or "") if username else None
+
+
+def registry_options(
+    config: RegistryConfig, env: Mapping[str, str] | None = None
+) -> RegistryOptions:
+    """The stack config's registries as options: hosts, and credentials from the
+    environment only (secrets stay out of the file)."""
+    source = os.environ if env is None else env
+    credentials = credentials_from(source.get(config.username_env), source.get(config.password_env))
+    return RegistryOptions(insecure=tuple(config.insecure), credentials=credentials)
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:

@@ -39,6 +39,7 @@ from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from sandbox import Containerd
 from sandbox.errors import CorralError
+from sandbox.registry import registry_options
 from sandbox.snapshot_gc import collect_snapshots
 from sandbox.userns import UidPool
 from workers.config import StackConfig, load_config
@@ -112,7 +113,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         containerd,
         peers,
         registry=config.registry.default,
-        registry_options=config.registry.options(),
+        registry_options=registry_options(config.registry),
     )
     sensor = SensorWatch(
         config.sensor_socket(node),
@@ -131,7 +132,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         metrics=metrics,
         pool=pool,
         foreground=foreground,
-        registry=config.registry.options(),
+        registry=registry_options(config.registry),
         fetch_image=snapshots.ensure_image,
         capacity=node_capacity(config.nodes.budget),
         sensor=sensor,
@@ -143,7 +144,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         containerd,
         config.node_dir(node),
         sensor=sensor,
-        registry=config.registry.options(),
+        registry=registry_options(config.registry),
         gateway=gateway,
     )
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))

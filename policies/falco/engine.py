@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.priority import Priority
 from policies.falco.compiler import (
     EventTypes,
     Expander,
@@ -62,7 +63,6 @@ from policies.falco.loader import (
     LoadResult,
     LoadWarning,
     MacroInfo,
-    Priority,
     RuleInfo,
     RuleLoadError,
     UnknownEventTypeError,

@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from contract.priority import Priority
 from sandbox.errors import CorralError
 
 SYSCALL_SOURCE = "syscall"
@@ -171,34 +171,6 @@ class LoadWarning:
 
 
 # --- model ------------------------------------------------------------------
-
-
-class Priority(IntEnum):
-    """Falco priorities, most severe first (lower value = more severe)."""
-
-    EMERGENCY = 0
-    ALERT = 1
-    CRITICAL = 2
-    ERROR = 3
-    WARNING = 4
-    NOTICE = 5
-    INFORMATIONAL = 6
-    DEBUG = 7
-
-    @property
-    def falco_name(self) -> str:
-        """The spelling Falco puts in alerts ("Warning", "Informational", ...)."""
-        return self.name.capitalize()
-
-    @classmethod
-    def parse(cls, text: str) -> Priority:
-        key = str(text).strip().upper()
-        if key == "INFO":
-            key = "INFORMATIONAL"
-        try:
-            return cls[key]
-        except KeyError:
-            raise ValueError(f"invalid priority '{text}'") from None
 
 
 @dataclass
@@ -414,11 +386,16 @@ def _as_count(value: Any, key: str, ctx: ItemContext) -> int:
     return int(text)
 
 
+# What Falco's rule loader accepts (falco_common::parse_priority): the names and
+# "info", any case; the alert aliases ("warn", "err") are not rule spellings.
+_RULE_PRIORITY_SPELLINGS = frozenset({p.value.lower() for p in Priority} | {"info"})
+
+
 def _priority(value: Any, ctx: ItemContext) -> Priority:
-    try:
-        return Priority.parse(_as_str(value, "priority", ctx))
-    except ValueError as e:
-        raise RuleLoadError(str(e), ctx, YAML_VALIDATE) from None
+    text = _as_str(value, "priority", ctx)
+    if text.strip().lower() not in _RULE_PRIORITY_SPELLINGS:
+        raise RuleLoadError(f"invalid priority '{text}'", ctx, YAML_VALIDATE)
+    return Priority.parse(text)
 
 
 def _overrides(

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from falco_testkit import engine, load, rule, ruleset
 
+from contract.priority import Priority
 from policies.falco.compiler import condition_with_exceptions
 from policies.falco.engine import RuleStatus
 from policies.falco.loader import (
     ConditionSyntaxError,
-    Priority,
     RuleLoadError,
     UnknownFieldError,
     load_files,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from falco_testkit import engine, registry, rule
 
+from contract.priority import Priority
 from policies.falco.engine import Match
-from policies.falco.loader import Priority
 from policies.falco.output import OutputTemplate
 
 

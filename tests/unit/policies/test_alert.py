@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 import pytest
 from alert_bodies import CID, FULL, encode, falco_body, sidekick_body
 
+from contract.priority import Priority
 from policies.alert import (
     ANOMALY_SIGNAL,
     Alert,
     MalformedAlert,
-    Priority,
     make_alert,
     parse_alert,
 )

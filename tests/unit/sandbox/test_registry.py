@@ -29,6 +29,7 @@ from sandbox.registry import (
     is_registry_reference,
     parse_challenge,
     registry_error_message,
+    registry_options,
 )
 from sandbox.transfer import host_platform, select_platform
 from workers.config import load_config
@@ -123,13 +124,13 @@ def test_select_platform_skips_other_platforms() -> None:
 def test_config_reads_insecure_hosts_and_credentials_from_the_environment() -> None:
     env = {"CORRAL_REGISTRY_INSECURE": "reg.lan:5000, other", "CORRAL_REGISTRY": "reg.lan:5000"}
     config = load_config(REPO / "temporal-dev.yaml", env=env)
-    options = config.registry.options(
-        {"CORRAL_REGISTRY_USERNAME": "u", "CORRAL_REGISTRY_PASSWORD": "p"}
+    options = registry_options(
+        config.registry, {"CORRAL_REGISTRY_USERNAME": "u", "CORRAL_REGISTRY_PASSWORD": "p"}
     )
     assert config.registry.default == "reg.lan:5000"
     assert options.insecure == ("reg.lan:5000", "other")
     assert options.credentials == Credentials("u", "p")
-    assert config.registry.options({}).credentials is None
+    assert registry_options(config.registry, {}).credentials is None
 
 
 # -- bearer tokens ------------------------------------------------------------------------

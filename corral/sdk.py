@@ -68,6 +68,7 @@ from activities.toolcalls import (
     SpawnRequest,
     ToolExecRequest,
 )
+from contract.errors import kinds_where
 from corral.errors import (
     CorralRPCError,
     EpisodeAlreadyExists,
@@ -124,7 +125,7 @@ _CALL_ROUTE_ATTEMPTS = 50  # about 8 s of hand-over at most
 _NOT_THERE = object()
 T = TypeVar("T")
 # Update validators refuse with a plain ValueError ("episode is not interactive", ...).
-_REFUSALS = frozenset({"ValueError", "EpisodeRejected", "EpisodeFinishing", "InvalidRequest"})
+_REFUSALS = frozenset(kinds_where(lambda kind: kind.refusal))
 
 
 def parse_spec(spec: EpisodeSpec | dict[str, Any]) -> EpisodeSpec:
@@ -805,14 +806,20 @@ def _update_error(episode_id: str, name: str, cause: BaseException) -> CorralErr
         return EpisodeRequestFailed(f"episode {episode_id} {name}: {cause}")
     error_type = cause.type or ""
     if error_type == "EpisodeEnded":
-        outcome, _, reason = cause.message.partition(" has ended: ")[2].partition(": ")
-        return EpisodeEnded(episode_id, outcome or "ended", reason)
+        ended = _ended_details(cause)
+        return EpisodeEnded(episode_id, ended.get("outcome") or "ended", ended.get("reason", ""))
     if error_type == "EpisodeQuarantined":
         return EpisodeQuarantined(cause.message)
     if error_type in _REFUSALS:
         return EpisodeRejected(f"episode {episode_id} refused {name}: {cause.message}")
     kind = EpisodeFileNotFound if error_type == "FileNotFound" else EpisodeRequestFailed
     return kind(cause.message, error_type)
+
+
+def _ended_details(cause: ApplicationError) -> dict[str, str]:
+    """How the episode ended, from the refusal's details (`outcome`, `reason`)."""
+    details = cause.details[0] if cause.details else None
+    return {k: str(v) for k, v in details.items()} if isinstance(details, dict) else {}
 
 
 def _result_from_details(cause: ApplicationError) -> EpisodeResult | None:

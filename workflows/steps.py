@@ -15,21 +15,15 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.models import ExecStepInput, StepResult
     from activities.node import interrupted_step
+    from contract.errors import kinds_where
 
 T = TypeVar("T")
 
 # Errors that no retry can fix: fail the provision at once.
-NON_RETRYABLE = [
-    "InvalidSpec",
-    "ImageNotFound",
-    "ImagePullFailed",
-    "InvalidReference",
-    "SandboxPaused",
-    "SandboxNotFound",
-]
+NON_RETRYABLE = list(kinds_where(lambda kind: not kind.retryable))
 # Activity failures that mean the step was lost with its sandbox, containerd or
 # node (not a bad request): the step is reported interrupted with the cause.
-INTERRUPTING = frozenset({"ContainerdUnavailable", "ContainerdError", "SandboxNotFound"})
+INTERRUPTING = frozenset(kinds_where(lambda kind: kind.lost_step))
 
 
 def node_retry_policy(attempts: int) -> RetryPolicy:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox.client import Containerd
+    from sandbox.client_api import ImageClient
     from sandbox.models import ImageInfo
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -234,7 +234,7 @@ def build_busybox_archive(out: Path, name: str = BUSYBOX_IMAGE) -> Path:
         return write_oci_archive(out, [rootfs], name)
 
 
-async def build_busybox_image(client: Containerd, name: str = BUSYBOX_IMAGE) -> ImageInfo:
+async def build_busybox_image(client: ImageClient, name: str = BUSYBOX_IMAGE) -> ImageInfo:
     """Build the busybox image and import it into ``client``'s namespace."""
     with tempfile.TemporaryDirectory(prefix="corral-busybox-") as tmp:
         archive = build_busybox_archive(Path(tmp) / "busybox.tar", name)

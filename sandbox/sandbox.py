@@ -37,7 +37,7 @@ from sandbox.tracing import agent_span
 
 if TYPE_CHECKING:
     from sandbox.agent import AgentChannel, AgentResult
-    from sandbox.client import Containerd
+    from sandbox.client_api import SandboxHost
 
 PROCESS_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Process"
 DEFAULT_OUTPUT_LIMIT = 1_048_576
@@ -82,7 +82,7 @@ class Sandbox:
 
     def __init__(
         self,
-        client: Containerd,
+        client: SandboxHost,
         conn: Connection,
         sandbox_id: str,
         *,

@@ -16,7 +16,7 @@ from rich.table import Table
 
 # Sub-command modules import their shared helpers from corral.cli_common.
 from corral.cli_common import Context, console, emit_json, out, pass_ctx, run_async
-from observability.extras import MissingExtra
+from corral.ops.observe import MissingExtra, flush_traces
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,19 +57,15 @@ async def up(
     ctx: Context, nodes: int | None, role: str, isolated: bool, allow_unwatched: bool
 ) -> None:
     """Start the dev stack in the background (harmless when it is up)."""
-    from workers.stack import Stack
+    from corral.ops.stack import stack_up
 
-    config = ctx.config
-    update: dict[str, Any] = {"count": nodes} if nodes is not None else {}
-    if isolated:
-        update["isolated"] = True
-    config = config.model_copy(update={"nodes": config.nodes.model_copy(update=update)})
-    if allow_unwatched:
-        sensor = config.sensor.model_copy(update={"required": False})
-        config = config.model_copy(update={"sensor": sensor})
-    status = await Stack(config).up(
-        progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"),
+    status = await stack_up(
+        ctx.config,
+        nodes=nodes,
         role="control" if role == "control" else "all",
+        isolated=isolated,
+        allow_unwatched=allow_unwatched,
+        progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"),
     )
     _print_status(status)
     click.echo(f"Web UI: {status.ui_url}")
@@ -80,10 +76,10 @@ async def up(
 @run_async
 async def down(ctx: Context) -> None:
     """Stop every process the stack started and remove its sandboxes."""
-    from workers.stack import Stack
+    from corral.ops.stack import stack_down
 
-    stopped = await Stack(ctx.config).down(
-        progress=lambda msg: console.print(f"[dim]stopping {msg}…[/]")
+    stopped = await stack_down(
+        ctx.config, progress=lambda msg: console.print(f"[dim]stopping {msg}…[/]")
     )
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
@@ -94,11 +90,9 @@ async def down(ctx: Context) -> None:
 @run_async
 async def status(ctx: Context, as_json: bool) -> None:
     """Say what runs and whether each part is healthy."""
-    from corral.headline import headline_figures
-    from workers.stack import Stack
+    from corral.ops.stack import stack_status
 
-    result = await Stack(ctx.config).status()
-    result.headline = headline_figures(ctx.config)
+    result = await stack_status(ctx.config)
     if as_json:
         emit_json(result)
     else:
@@ -167,9 +161,7 @@ def main() -> None:
     except MissingExtra as err:  # an optional dependency (reports, Parquet) is absent
         click.echo(f"Error: {err}", err=True)
         code = 1
-    from observability.tracing import flush_tracing
-
-    flush_tracing()
+    flush_traces()
     # Leave without interpreter finalization: the Temporal SDK's native threads
     # can abort a short-lived client at exit (temporalio/sdk-python#300).
     sys.stdout.flush()

@@ -34,8 +34,8 @@ from corral.cli_common import (
     shell_join,
 )
 from corral.errors import EpisodeError
+from corral.ops.observe import write_batch_results
 from corral.sdk import Corral, Job, parse_spec
-from observability.extras import require
 
 
 @click.group()
@@ -376,7 +376,7 @@ async def run_batch(
             tally = Counter(r.outcome for r in results)
             progress.update(task, advance=1, tally=" ".join(f"{k}={v}" for k, v in tally.items()))
     summary = batch_summary(results, time.monotonic() - started)
-    write_results(results, out_file)
+    write_batch_results(results, out_file)
     summary["results_file"] = str(out_file)
     if as_json:
         emit_json(summary)
@@ -405,31 +405,6 @@ def batch_summary(results: list[EpisodeResult], wall_s: float) -> dict[str, Any]
         "p50_s": statistics.median(durations),
         "p99_s": durations[min(len(durations) - 1, int(0.99 * len(durations)))],
     }
-
-
-def write_results(results: list[EpisodeResult], path: Path) -> None:
-    pl = require("polars", "export", "run-batch --out (Parquet)")
-
-    rows = [
-        {
-            "episode_id": r.episode_id,
-            "outcome": r.outcome,
-            "reason": r.reason,
-            "node": r.node,
-            "image": r.image,
-            "tenant": r.tenant,
-            "steps": len(r.steps),
-            "duration_s": r.duration_s,
-            "provision_s": r.provision_s,
-            "teardown_s": r.teardown_s,
-            "reward_exit_code": r.reward.exit_code if r.reward else None,
-            "alerts": [a.rule for a in r.alerts],
-            "result_json": r.model_dump_json(),
-        }
-        for r in results
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pl.DataFrame(rows).write_parquet(path)
 
 
 @click.group()

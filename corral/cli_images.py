@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import sys
-import tempfile
-import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import ValidationError
 from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, TransferSpeedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
@@ -29,29 +23,9 @@ from corral.cli_common import (
     run_async,
     shell_join,
 )
-from sandbox import Containerd, SandboxSpec, build_busybox_image, resolve_image_name
-from sandbox.errors import CorralError
-from sandbox.labels import PARENT_EPISODE_LABEL
-from sandbox.registry import Credentials, Progress, credentials_from
-from sandbox.transfer import push_image
-from workers.config import StackConfig, describe_validation_error
-
-
-@contextlib.asynccontextmanager
-async def node_client(config: StackConfig, node: str) -> AsyncIterator[Containerd]:
-    if node not in config.node_names():
-        fail(f"node {node!r} is not one of {', '.join(config.node_names())}")
-    socket = config.containerd_socket(node)
-    if not socket.exists():
-        fail(f"containerd of {node} is not running ({socket} missing); run `corral up`")
-    async with await Containerd.connect(
-        str(socket), namespace=config.nodes.containerd_namespace
-    ) as c:
-        yield c
-
-
-def _nodes(config: StackConfig, node: str | None) -> list[str]:
-    return [node] if node else config.node_names()
+from corral.ops import images as ops
+from corral.ops.images import LayerReport
+from corral.ops.sandboxes import run_in_sandbox, sandbox_spec
 
 
 @click.group()
@@ -70,37 +44,18 @@ async def image_build(
     ctx: Context, kind: str, packages: str, name: str | None, node: str | None
 ) -> None:
     """Build an image locally (no registry needed) and import it."""
-    config = ctx.config
     if kind == "busybox":
-        for each in _nodes(config, node):
-            async with node_client(config, each) as client:
-                info = await build_busybox_image(client, resolve_image_name(name or "busybox"))
+        async for each, info in ops.build_busybox(ctx.config, name=name, node=node):
             click.echo(f"{each}: {info.name} {info.digest[:19]}")
         return
-    await _build_debian(config, [p for p in packages.split(",") if p.strip()], name, node)
-
-
-async def _build_debian(
-    config: StackConfig, packages: list[str], name: str | None, node: str | None
-) -> None:
-    from sandbox.debian import build_debian_image, write_debian_archive
-
-    # Outside the stack's state: a debootstrap cache outlives `corral down`.
-    cache = Path(os.environ.get("CORRAL_CACHE_DIR") or config.root / ".cache")
-    image_name = resolve_image_name(
-        name or ("debian-" + "-".join(sorted(packages)) if packages else "debian")
+    built = await ops.build_debian(
+        ctx.config,
+        [p for p in packages.split(",") if p.strip()],
+        name=name,
+        node=node,
+        say=lambda msg: click.echo(msg, err=True),
     )
-    started = time.monotonic()
-    click.echo(f"building {image_name} (debootstrap, cached in {cache})…", err=True)
-    built = await asyncio.to_thread(build_debian_image, cache / "debian", packages)
-    with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
-        archive = await asyncio.to_thread(
-            write_debian_archive, built, Path(tmp) / "image.tar", image_name
-        )
-        for each in _nodes(config, node):
-            async with node_client(config, each) as client:
-                await client.images.import_archive(archive)
-    click.echo(f"{image_name}: {len(built.layers)} layers in {time.monotonic() - started:.1f} s")
+    click.echo(f"{built.name}: {built.layers} layers in {built.seconds:.1f} s")
 
 
 @image.command("import")
@@ -110,10 +65,8 @@ async def _build_debian(
 @run_async
 async def image_import(ctx: Context, archive: Path, node: str | None) -> None:
     """Import an OCI image archive (tar)."""
-    for each in _nodes(ctx.config, node):
-        async with node_client(ctx.config, each) as client:
-            for info in await client.images.import_archive(archive):
-                click.echo(f"{each}: {info.name} {info.digest[:19]}")
+    async for each, info in ops.import_archive(ctx.config, archive, node=node):
+        click.echo(f"{each}: {info.name} {info.digest[:19]}")
 
 
 @image.command("ls")
@@ -122,18 +75,18 @@ async def image_import(ctx: Context, archive: Path, node: str | None) -> None:
 @pass_ctx
 @run_async
 async def image_ls(ctx: Context, node: str | None, as_json: bool) -> None:
-    """List images."""
-    rows = []
-    for each in _nodes(ctx.config, node):
-        async with node_client(ctx.config, each) as client:
-            rows += [{"node": each, **i.model_dump()} for i in await client.images.list()]
+    """List images (a snapshot's with the episode it was committed from)."""
+    images = await ops.list_images(ctx.config, node=node)
     if as_json:
-        emit_json(rows)
+        emit_json([each.to_dict() for each in images])
         return
     table = Table("node", "name", "digest", "size", "parent episode")
-    for r in rows:
-        parent = r["labels"].get(PARENT_EPISODE_LABEL, "")  # snapshots name their episode
-        table.add_row(r["node"], r["name"], r["digest"][:19], f"{r['size'] / 1e6:.1f} MB", parent)
+    for each in images:
+        info = each.info
+        table.add_row(
+            each.node, info.name, info.digest[:19], f"{info.size / 1e6:.1f} MB",
+            each.parent_episode,
+        )  # fmt: skip
     out.print(table)
 
 
@@ -144,24 +97,21 @@ async def image_ls(ctx: Context, node: str | None, as_json: bool) -> None:
 @run_async
 async def image_rm(ctx: Context, name: str, node: str | None) -> None:
     """Remove an image."""
-    for each in _nodes(ctx.config, node):
-        async with node_client(ctx.config, each) as client:
-            await client.images.remove(resolve_image_name(name))
-        click.echo(f"{each}: removed {resolve_image_name(name)}")
+    async for each, full in ops.remove_image(ctx.config, name, node=node):
+        click.echo(f"{each}: removed {full}")
 
 
-def _credentials(username: str | None, password_stdin: bool) -> Credentials | None:
+def _password(username: str | None, password_stdin: bool) -> str | None:
     """``--username U --password-stdin`` (the password never goes on the command line)."""
     if password_stdin and not username:
         fail("--password-stdin needs --username")
     if not username:
         return None
-    password = sys.stdin.read().rstrip("\n") if password_stdin else ""
-    return credentials_from(username, password)
+    return sys.stdin.read().rstrip("\n") if password_stdin else ""
 
 
 @contextlib.contextmanager
-def _layer_progress(label: str) -> Iterator[Progress]:
+def _layer_progress(label: str) -> Iterator[LayerReport]:
     """A rich progress bar per layer; the callback the registry transfer reports to."""
     bars = RichProgress(
         TextColumn("{task.description}"),
@@ -203,12 +153,12 @@ async def image_pull(
     ctx: Context, ref: str, node: str | None, username: str | None, password_stdin: bool
 ) -> None:
     """Pull REF (host[:port]/repo[:tag|@digest]) from its registry and unpack it."""
-    options = ctx.config.registry.options()
-    credentials = _credentials(username, password_stdin)
-    for each in _nodes(ctx.config, node):
-        async with node_client(ctx.config, each) as client:
-            with _layer_progress(each) as progress:
-                info = await client.pulls.pull(ref, options, credentials, progress)
+    password = _password(username, password_stdin)
+    pulls = ops.pull_image(
+        ctx.config, ref, node=node, username=username, password=password,
+        progress=_layer_progress,
+    )  # fmt: skip
+    async for each, info in pulls:
         click.echo(f"{each}: {info.name} {info.digest[:19]}")
 
 
@@ -228,15 +178,12 @@ async def image_push(
     password_stdin: bool,
 ) -> None:
     """Push LOCAL_REF (an image a node has) to a registry as REMOTE_REF."""
-    options = ctx.config.registry.options()
-    credentials = _credentials(username, password_stdin)
-    source = node or ctx.config.node_names()[0]
-    async with node_client(ctx.config, source) as client:
-        with _layer_progress("push") as progress:
-            digest = await push_image(
-                client.images, local_ref, remote_ref, options, credentials, progress
-            )
-    click.echo(f"{source}: {resolve_image_name(local_ref)} -> {remote_ref} {digest[:19]}")
+    password = _password(username, password_stdin)
+    pushed = await ops.push_image(
+        ctx.config, local_ref, remote_ref, node=node, username=username, password=password,
+        progress=_layer_progress,
+    )  # fmt: skip
+    click.echo(f"{pushed.node}: {pushed.local} -> {pushed.remote} {pushed.digest[:19]}")
 
 
 @image.command("prune")
@@ -255,11 +202,8 @@ async def image_prune(ctx: Context, keep_gb: float, node: str | None, as_json: b
     """Remove least-recently-used registry images no sandbox uses (local images stay)."""
     if keep_gb < 0:
         fail(f"--keep-gb must be zero or more, got {keep_gb:g}")
-    rows = []
-    for each in _nodes(ctx.config, node):
-        async with node_client(ctx.config, each) as client:
-            removed = await client.images.prune(keep_bytes=int(keep_gb * 1e9))
-        rows += [{"node": each, "name": info.name, "digest": info.digest} for info in removed]
+    removed = await ops.prune_images(ctx.config, keep_bytes=int(keep_gb * 1e9), node=node)
+    rows = [{"node": i.node, "name": i.info.name, "digest": i.info.digest} for i in removed]
     if as_json:
         emit_json(rows)
         return
@@ -349,37 +293,20 @@ async def sandbox_run(
     """
     if timeout_s <= 0:
         fail(f"--timeout-s must be positive, got {timeout_s:g}")
-    try:
-        spec = SandboxSpec.model_validate(
-            {
-                "image": resolve_image_name(image_name),
-                "memory_mb": memory_mb,
-                "cpu_cores": cpus,
-                "pids_limit": pids,
-                "runtime": runtime,
-                "read_only_root": read_only_root,
-                "workspace_mb": workspace_mb,
-                "network": network_mode,
-                "tmpfs_mb": max(1, min(64, memory_mb // 4)),  # /tmp + /dev/shm below the limit
-                "egress": _parse_egress(egress),
-                "labels": {"corral.cli": "sandbox-run"},
-                # the default /workspace is in the image; a read-only root has no writable cwd
-                **({"workdir": "/tmp"} if read_only_root and workspace_mb is None else {}),
-            }
-        )
-    except ValidationError as err:
-        fail(f"invalid sandbox: {describe_validation_error(err)}")
-    sandbox_id = f"cli-{uuid.uuid4().hex[:12]}"
-    async with node_client(ctx.config, node or ctx.config.node_names()[0]) as client:
-        try:
-            try:
-                box = await client.create_sandbox(sandbox_id, spec, spec.labels)
-                result = await box.exec(shell_join(command), timeout_s=timeout_s)
-            except CorralError as err:
-                fail(f"sandbox: {err}")
-        finally:
-            with contextlib.suppress(CorralError):
-                await client.destroy_sandbox(sandbox_id)
+    spec = sandbox_spec(
+        image_name,
+        memory_mb=memory_mb,
+        cpus=cpus,
+        pids=pids,
+        runtime=runtime,
+        read_only_root=read_only_root,
+        workspace_mb=workspace_mb,
+        network=network_mode,
+        egress=_parse_egress(egress),
+    )
+    result = await run_in_sandbox(
+        ctx.config, spec, shell_join(command), timeout_s=timeout_s, node=node
+    )
     if as_json:
         emit_json(result)
     else:

@@ -7,15 +7,12 @@ in Temporal, so they work from any machine that reaches it.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime
 
 import click
 from rich.table import Table
-from temporalio.client import Client
 
-from corral.cli_common import Context, console, emit_json, fail, out, pass_ctx, run_async
+from corral.cli_common import Context, console, emit_json, out, pass_ctx, run_async
 
 
 @click.group()
@@ -31,23 +28,18 @@ def node() -> None:
 @run_async
 async def node_up(ctx: Context, name: str, temporal: str | None, intake_url: str | None) -> None:
     """Start a node here (containerd, node worker, sensor); undrains it."""
-    from workers.stack import Stack
+    from corral.ops.nodes import join_node
 
-    status = await Stack(ctx.config).node_up(
+    status = await join_node(
+        ctx.config,
         name,
-        progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"),
         temporal=temporal,
         intake_url=intake_url,
+        progress=lambda msg: console.print(f"[dim]starting {msg}…[/]"),
     )
     click.echo(f"{name} is up: it polls {ctx.config.node_task_queue(name)}")
     if not status.up:
         console.print("[yellow]some part of this machine's stack is not healthy: corral status[/]")
-
-
-# After the drain signal, placements the workflow workers made from their
-# cached registry (refreshed every second) may still land: wait that out.
-DRAIN_SETTLE_S = 3.0
-DRAIN_POLL_S = 2.0
 
 
 @node.command("down")
@@ -60,36 +52,17 @@ DRAIN_POLL_S = 2.0
 async def node_down(ctx: Context, name: str, now: bool, timeout_s: float) -> None:
     """Drain this machine's node NAME, wait for its episodes, then stop it and
     remove its sandboxes. `--now` stops it at once."""
-    from workers.stack import Stack
+    from corral.ops.nodes import stop_node
 
-    stack = Stack(ctx.config)
-    stack.check_local_node(name)
-    if not now:
-        await _drain_and_wait(ctx, name, timeout_s)
-    stopped = await stack.node_down(name)
+    stopped = await stop_node(
+        ctx.config,
+        name,
+        now=now,
+        timeout_s=timeout_s,
+        say=lambda msg: console.print(f"[dim]{msg}[/]"),
+        warn=lambda msg: console.print(f"[yellow]{msg}[/]"),
+    )
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
-
-
-async def _drain_and_wait(ctx: Context, name: str, timeout_s: float) -> None:
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from workers.temporal import connect
-    from workflows.nodes import drain_node, episodes_on
-
-    client = await connect(ctx.config)
-    try:
-        await drain_node(client, name, by="corral node down")
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        return  # its registry shard never started: the node never joined, nothing runs there
-    await asyncio.sleep(DRAIN_SETTLE_S)
-    deadline = time.monotonic() + timeout_s
-    while (running := await episodes_on(client, name)) and time.monotonic() < deadline:
-        console.print(f"[dim]{name} is draining: {running} episodes still running…[/]")
-        await asyncio.sleep(DRAIN_POLL_S)
-    if running:
-        console.print(f"[yellow]{running} episodes still on {name} after {timeout_s:.0f} s[/]")
 
 
 @node.command("kill")
@@ -98,9 +71,9 @@ async def _drain_and_wait(ctx: Context, name: str, timeout_s: float) -> None:
 @run_async
 async def node_kill(ctx: Context, name: str) -> None:
     """SIGKILL every process of node NAME at once, as a crash would (drills, tests)."""
-    from workers.stack import Stack
+    from corral.ops.nodes import kill_node
 
-    pids = await Stack(ctx.config).node_kill(name)
+    pids = await kill_node(ctx.config, name)
     click.echo(f"killed {name}: {len(pids)} processes" if pids else f"{name} was not running")
 
 
@@ -110,11 +83,9 @@ async def node_kill(ctx: Context, name: str) -> None:
 @run_async
 async def node_list(ctx: Context, as_json: bool) -> None:
     """Every node the registry knows, with its state (ready, draining, lost)."""
-    from activities.capacity import headroom
-    from workers.temporal import connect
-    from workflows.nodes import list_nodes
+    from corral.ops.nodes import list_nodes, node_headroom
 
-    nodes = await list_nodes(await connect(ctx.config))
+    nodes = await list_nodes(ctx.config)
     if as_json:
         emit_json([info.model_dump(mode="json") for info in nodes])
         return
@@ -127,7 +98,7 @@ async def node_list(ctx: Context, as_json: bool) -> None:
         ago = (now - info.last_seen).total_seconds()
         table.add_row(
             info.name, _state(info.state), str(beat.use.sandboxes), str(beat.use.busy),
-            headroom(beat.capacity, beat.use), f"{beat.load1:.2f}", beat.host, f"{ago:.0f} s ago",
+            node_headroom(info), f"{beat.load1:.2f}", beat.host, f"{ago:.0f} s ago",
         )  # fmt: skip
     out.print(table)
 
@@ -143,12 +114,9 @@ def _state(state: str) -> str:
 @run_async
 async def node_drain(ctx: Context, name: str) -> None:
     """No new episodes on NAME; running ones finish. `corral node up` undrains."""
-    from workers.temporal import connect
-    from workflows.nodes import drain_node
+    from corral.ops.nodes import drain_node
 
-    client = await connect(ctx.config)
-    await _known_node(client, name)
-    await drain_node(client, name, by="corral node drain")
+    await drain_node(ctx.config, name, by="corral node drain")
     click.echo(f"{name} is draining: no new episodes; running ones finish")
 
 
@@ -158,22 +126,10 @@ async def node_drain(ctx: Context, name: str) -> None:
 @run_async
 async def node_forget(ctx: Context, name: str) -> None:
     """Remove NAME from the registry now (a lost node leaves by itself after 10 min)."""
-    from workers.temporal import connect
-    from workflows.nodes import forget_node
+    from corral.ops.nodes import forget_node
 
-    client = await connect(ctx.config)
-    await _known_node(client, name)
-    await forget_node(client, name, by="corral node forget")
+    await forget_node(ctx.config, name, by="corral node forget")
     click.echo(f"{name} forgotten: it is listed again only if it heartbeats again")
 
 
 COMMANDS = [node]
-
-
-async def _known_node(client: Client, name: str) -> None:
-    """Fail in one line unless the registry knows NAME."""
-    from workflows.nodes import list_nodes
-
-    known = {info.name for info in await list_nodes(client)}
-    if name not in known:
-        fail(f"unknown node {name!r}: the registry knows {', '.join(sorted(known)) or 'no nodes'}")

@@ -9,11 +9,13 @@ import click
 from rich.table import Table
 
 from corral.cli_common import Context, emit_json, fail, out, pass_ctx, run_async
-from policies.falco.engine import Ruleset
-from policies.falco.explain import explain_rule
-from policies.falco.fields import default_registry
-from policies.falco.loader import load_files
-from policies.falco.validate import ValidationReport, validate_files
+from corral.ops.policies import (
+    ValidationReport,
+    explain_rule,
+    rule_paths,
+    run_rule_tests,
+    validate_rules,
+)
 from sandbox.errors import CorralError
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -45,15 +47,9 @@ def validate(
 
     Exits non-zero on what Falco refuses and on rules this engine cannot
     evaluate (unless --allow-unsupported); Falco's warnings are printed."""
-    paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
-    report = validate_files(paths, default_registry(), allow_unsupported=allow_unsupported)
-    if responses is not None:
-        from policies.responses import load_responses
-
-        try:
-            load_responses(responses)
-        except Exception as err:
-            report.errors.append(" ".join(str(err).split()))
+    report = validate_rules(
+        rule_paths(ctx.config, files), responses=responses, allow_unsupported=allow_unsupported
+    )
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -87,10 +83,9 @@ def _print_report(report: ValidationReport) -> None:
 @pass_ctx
 def explain(ctx: Context, rule: str, files: tuple[Path, ...], as_json: bool) -> None:
     """Show RULE's expanded condition, fields, event types and exceptions."""
-    paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
+    paths = rule_paths(ctx.config, files)
     try:
-        ruleset = Ruleset.build(load_files(paths), default_registry(), strict=False)
-        explanation = explain_rule(ruleset, rule)
+        explanation = explain_rule(rule, paths)
     except CorralError as err:
         fail(f"{err} (in {', '.join(str(p) for p in paths)})")
     data = dataclasses.asdict(explanation)
@@ -122,10 +117,10 @@ def explain(ctx: Context, rule: str, files: tuple[Path, ...], as_json: bool) -> 
 @run_async
 async def test(ctx: Context, directory: Path, files: tuple[Path, ...], as_json: bool) -> None:
     """Run the YAML test cases in DIRECTORY in real sandboxes with the real sensor."""
-    from policies.runner import run_cases
-
-    paths = list(files) or [ctx.config.resolve(p) for p in ctx.config.sensor.rules]
-    results = await run_cases(ctx.config, directory, paths, say=lambda m: click.echo(m, err=True))
+    paths = rule_paths(ctx.config, files)
+    results = await run_rule_tests(
+        ctx.config, directory, paths, say=lambda m: click.echo(m, err=True)
+    )
     if as_json:
         emit_json([r.model_dump(mode="json") for r in results])
     else:

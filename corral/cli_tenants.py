@@ -19,10 +19,9 @@ def tenant() -> None:
 @run_async
 async def tenant_list(ctx: Context, as_json: bool) -> None:
     """Running and waiting episodes, CPU and memory of each tenant, against its quota."""
-    from workers.temporal import connect
-    from workers.tenants import tenant_usage
+    from corral.ops.tenants import list_tenants
 
-    rows = await tenant_usage(await connect(ctx.config), ctx.config)
+    rows = await list_tenants(ctx.config)
     if as_json:
         emit_json([row.model_dump(mode="json") for row in rows])
         return

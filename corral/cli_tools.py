@@ -12,7 +12,6 @@ from pydantic import BaseModel
 from rich.progress import Progress
 
 from corral.cli_common import Context, console, emit_json, fail, out, pass_ctx, run_async
-from observability.extras import require
 
 T = TypeVar("T")
 
@@ -44,12 +43,9 @@ def parse_since(value: str | None) -> datetime | None:
 @pass_ctx
 def report(ctx: Context, since: str | None, out_dir: Path | None, as_json: bool) -> None:
     """Analyse what ran (polars): plots and an HTML page."""
-    for module in ("polars", "matplotlib"):
-        require(module, "report", "corral report")
-    from observability.report import build_report
+    from corral.ops.observe import build_report
 
-    target = out_dir or ctx.config.state / "report"
-    summary = build_report(ctx.config.records_dir, target, parse_since(since))
+    summary = build_report(ctx.config, out_dir=out_dir, since=parse_since(since))
     if as_json:
         emit_json(summary)
         return
@@ -344,10 +340,9 @@ async def _bench_defense(ctx: Context, n: int, density: int, as_json: bool) -> N
 
 async def _require_stack(ctx: Context) -> None:
     """Every mode measures the running stack: say so in one line when it is not up."""
-    from workers.stack import Stack
+    from corral.ops.stack import unhealthy_components
 
-    status = await Stack(ctx.config).status()
-    down = [c.name for c in status.components if not c.healthy]
+    down = await unhealthy_components(ctx.config)
     if down:
         fail(
             f"the stack under {ctx.config.state} is not up ({', '.join(down)}): "

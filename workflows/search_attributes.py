@@ -1,3 +1,3 @@
-"""Moved to `contract.search_attributes` (issue 24); this shim goes once every import names the new home."""
+"""Moved to `contract.search_attributes` (issue 24): a shim until the imports move."""
 
 from contract.search_attributes import *  # noqa: F403

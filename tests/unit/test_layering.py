@@ -244,3 +244,84 @@ def test_a_new_cycle_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         "sandbox.sandbox": [("sandbox.client", 2)],  # the known one
     }
     assert new_cycles(graph) == [{"observability.plots", "observability.report"}]
+
+
+# ------------------------------------------------------------------ the CLI (issue 24)
+
+# What the CLI may import below the face besides the SDK: the contract every layer
+# shares. These modules become the `contract` package (their imports then name it).
+CONTRACT_MODULES = (
+    "contract",
+    "sandbox.errors",
+    "sandbox.labels",
+    "workers.config",
+    "activities.models",
+    "workflows.search_attributes",
+)
+
+
+def cli_modules() -> list[str]:
+    return sorted(m for m in _modules() if m == "corral.cli" or m.startswith("corral.cli_"))
+
+
+def lazy_import_lines(source: str) -> set[int]:
+    """The lines of the imports made inside a function (not at module level)."""
+    return {
+        node.lineno
+        for function in ast.walk(ast.parse(source))
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(function)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    }
+
+
+def cli_reaches_below(
+    graph: dict[str, list[tuple[str, int]]], lazy: dict[str, set[int]]
+) -> list[str]:
+    """The CLI's imports that pass the SDK by: of a module below the face that is not
+    the contract, or of `corral.bench` at module level (a bench mode is imported
+    when it runs)."""
+    found = []
+    for source, targets in sorted(graph.items()):
+        for target, line in targets:
+            ours = target == "corral" or target.startswith("corral.")
+            if ours and (target == "corral.bench" or target.startswith("corral.bench.")):
+                if line not in lazy.get(source, set()):
+                    found.append(f"{source}:{line} imports {target} at module level")
+            elif not ours and not any(
+                target == module or target.startswith(module + ".") for module in CONTRACT_MODULES
+            ):
+                found.append(f"{source}:{line} imports {target}")
+    return found
+
+
+def test_the_cli_reaches_below_only_through_the_sdk() -> None:
+    graph = import_graph()
+    modules = cli_modules()
+    assert {"corral.cli", "corral.cli_common", "corral.cli_nodes"} <= set(modules)
+    lazy = {name: lazy_import_lines(_modules()[name].read_text()) for name in modules}
+    below = cli_reaches_below({name: graph[name] for name in modules}, lazy)
+    assert not below, (
+        "the CLI imports below the face (go through corral.sdk, or corral.ops for what an "
+        "operator does; the contract modules are the exception):\n" + "\n".join(below)
+    )
+
+
+def test_a_cli_import_below_the_sdk_is_caught() -> None:
+    known = set(_modules())
+    source = (
+        "from workers.stack import Stack\n"
+        "from sandbox.errors import CorralError\n"
+        "from corral.ops.stack import stack_up\n"
+        "from corral.bench.core import run_bench\n"
+        "def bench() -> None:\n"
+        "    from corral.bench.core import describe\n"
+        "    from workflows.nodes import list_nodes\n"
+        "    import workers.config\n"
+    )
+    graph = {"corral.cli_tools": list(imports_of("corral.cli_tools", source, known))}
+    assert cli_reaches_below(graph, {"corral.cli_tools": lazy_import_lines(source)}) == [
+        "corral.cli_tools:1 imports workers.stack",
+        "corral.cli_tools:4 imports corral.bench.core at module level",
+        "corral.cli_tools:7 imports workflows.nodes",
+    ]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from corral import Corral, EpisodeFailed
-from corral.cli_observability import stack_targets
+from corral.ops.observe import stack_targets
 from observability.prometheus import prometheus_yaml
 from tests.integration.conftest import wait_for
 from tests.net import free_port

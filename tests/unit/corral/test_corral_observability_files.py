@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from corral.cli_observability import stack_targets
+from corral.ops.observe import stack_targets
 from observability.prometheus import prometheus_yaml
 from workers.config import load_config
 

@@ -60,8 +60,10 @@ def test_the_activity_cause_is_found_under_the_update_failure() -> None:
 
 
 def test_an_ended_episode_names_how_and_why() -> None:
-    cause = ApplicationError(
-        "episode ep-1 has ended: killed: rule Shell in sandbox", type="EpisodeEnded"
+    cause = ApplicationError(  # as workflows/episode*.py raises it: how and why in details
+        "episode ep-1 has ended: killed: rule Shell in sandbox",
+        {"outcome": "killed", "reason": "rule Shell in sandbox"},
+        type="EpisodeEnded",
     )
     err = _update_error("ep-1", "exec", cause)
     assert isinstance(err, EpisodeEnded) and isinstance(err, EpisodeRejected)

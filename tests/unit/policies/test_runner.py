@@ -15,6 +15,8 @@ from policies.falco.fields import default_registry
 from policies.measure import percentile
 from policies.runner import SandboxResolver, Watch, new_sandbox_id, run_case
 from policies.testcases import PolicyTestCase
+from sandbox.fake import FakeCall, FakeRuntime
+from sandbox.models import ExecResult
 
 RULES = Path(__file__).resolve().parents[3] / "policies" / "rules" / "corral_rules.yaml"
 WRITE_BIN = "Write below binary dir in sandbox"
@@ -35,47 +37,21 @@ def open_write(container: ContainerInfo, path: str, *, vpid: int | None = 7) -> 
     )  # fmt: skip
 
 
-@dataclass
-class FakeSandbox:
-    """Each exec "runs" by feeding the events a command would cause to the watch."""
+def fake_runtime(watch: Watch, resolver: SandboxResolver, *, fail_exec: bool = False) -> FakeRuntime:
+    """The shared in-memory runtime (sandbox/fake.py): each command "runs" by
+    feeding the watch the events it would cause."""
 
-    id: str
-    watch: Watch
-    resolver: SandboxResolver
-    ran: list[str] = field(default_factory=list)
-
-    async def exec(self, cmd: str, timeout_s: float | None = None) -> Any:
-        self.ran.append(cmd)
-        info = self.resolver(self.id)
+    def on_exec(call: FakeCall) -> ExecResult:
+        if fail_exec:
+            raise RuntimeError("exec failed")
+        info = resolver(call.sandbox.id)
         assert info is not None  # the runner registers the sandbox before it starts
-        if ">" in cmd:
-            path = cmd.split(">")[-1].strip()
-            self.watch.on_event(open_write(info, path))
-        return type("R", (), {"exit_code": 0, "stderr": ""})()
+        if ">" in call.cmd:
+            path = call.cmd.split(">")[-1].strip()
+            watch.on_event(open_write(info, path))
+        return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0)
 
-
-@dataclass
-class FakeClient:
-    watch: Watch
-    resolver: SandboxResolver
-    created: list[str] = field(default_factory=list)
-    destroyed: list[str] = field(default_factory=list)
-    fail_exec: bool = False
-
-    async def create_sandbox(self, sandbox_id: str, spec: Any, labels: Any = None) -> Any:
-        self.created.append(sandbox_id)
-        sb = FakeSandbox(sandbox_id, self.watch, self.resolver)
-        if self.fail_exec:
-
-            async def boom(cmd: str, timeout_s: float | None = None) -> Any:
-                raise RuntimeError("exec failed")
-
-            sb.exec = boom  # type: ignore[method-assign]
-        return sb
-
-    async def destroy_sandbox(self, sandbox_id: str) -> bool:
-        self.destroyed.append(sandbox_id)
-        return True
+    return FakeRuntime(on_exec=on_exec)
 
 
 def case(commands: list[str], alerts: list[str]) -> PolicyTestCase:
@@ -86,17 +62,17 @@ def case(commands: list[str], alerts: list[str]) -> PolicyTestCase:
 
 async def test_case_passes_and_the_sandbox_is_destroyed(engine: RuleEngine) -> None:
     watch, resolver = Watch(engine), SandboxResolver()
-    client = FakeClient(watch, resolver)
+    client = fake_runtime(watch, resolver)
     result = await run_case(client, case(["echo x > /bin/evil"], [WRITE_BIN]), watch, resolver,
                             say=lambda _m: None)  # fmt: skip
     assert result.passed, result
-    assert client.created == client.destroyed and len(client.created) == 1
+    assert len({sandbox_id for sandbox_id, _ in client.ran}) == 1 and client.sandboxes == {}
     assert not watch.matches and not resolver.containers  # nothing left watched
 
 
 async def test_unexpected_and_missing_alerts_fail(engine: RuleEngine) -> None:
     watch, resolver = Watch(engine), SandboxResolver()
-    client = FakeClient(watch, resolver)
+    client = fake_runtime(watch, resolver)
     said: list[str] = []
     silent = await run_case(client, case(["echo x > /tmp/ok"], [WRITE_BIN]), watch, resolver,
                             say=said.append)  # fmt: skip
@@ -109,10 +85,10 @@ async def test_unexpected_and_missing_alerts_fail(engine: RuleEngine) -> None:
 
 async def test_sandbox_destroyed_when_a_command_raises(engine: RuleEngine) -> None:
     watch, resolver = Watch(engine), SandboxResolver()
-    client = FakeClient(watch, resolver, fail_exec=True)
+    client = fake_runtime(watch, resolver, fail_exec=True)
     with pytest.raises(RuntimeError):
         await run_case(client, case(["true"], []), watch, resolver, say=lambda _m: None)
-    assert client.created == client.destroyed
+    assert len(client.ran) == 1 and client.sandboxes == {}
 
 
 def test_watch_ignores_other_containers(engine: RuleEngine) -> None:

@@ -98,7 +98,7 @@ def upstream_rules() -> Path:
     candidates = []
     if os.environ.get("CORRAL_SHARED_DIR"):
         candidates.append(Path(os.environ["CORRAL_SHARED_DIR"]) / "falco/upstream/falco_rules.yaml")
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     candidates.append(repo / ".." / "shared" / "falco" / "upstream" / "falco_rules.yaml")
     for path in candidates:
         if path.is_file():

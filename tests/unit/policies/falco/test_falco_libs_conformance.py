@@ -11,7 +11,7 @@ purpose (``refused_on_purpose: "<field>: <reason>"``) must be refused with an
 error that names the field.
 
 Print the pass rates (``docs/falco-fidelity.md`` quotes them):
-``.venv/bin/python tests/unit/falco/test_falco_libs_conformance.py``.
+``.venv/bin/python tests/unit/policies/falco/test_falco_libs_conformance.py``.
 """
 
 from __future__ import annotations

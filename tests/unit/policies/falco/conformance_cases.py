@@ -21,7 +21,7 @@ not be consulted while writing them). Each case has:
   ``filter_parser.ut.cpp``.
 
 Run this module to print the pass rate per file (``docs/policies.md`` quotes it):
-``.venv/bin/python tests/unit/falco/conformance_cases.py``.
+``.venv/bin/python tests/unit/policies/falco/conformance_cases.py``.
 """
 
 from __future__ import annotations

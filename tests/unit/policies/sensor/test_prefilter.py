@@ -12,7 +12,7 @@ from policies.falco.fields import default_registry
 from policies.sensor.prefilter import Prefilter, is_local, needs_exe_details
 
 REG = default_registry()
-CORRAL_RULES = Path(__file__).resolve().parents[3] / "policies/rules/corral_rules.yaml"
+CORRAL_RULES = Path(__file__).resolve().parents[4] / "policies/rules/corral_rules.yaml"
 O_WRONLY, O_CREAT = 0o1, 0o100
 
 

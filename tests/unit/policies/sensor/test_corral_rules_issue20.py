@@ -11,7 +11,7 @@ from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event, FdInfo, Process
 from policies.falco.fields import default_registry
 
-RULES = Path(__file__).resolve().parents[3] / "policies/rules/corral_rules.yaml"
+RULES = Path(__file__).resolve().parents[4] / "policies/rules/corral_rules.yaml"
 BOX = ContainerInfo(full_id="a" * 64, image="busybox")
 RUNC = Process(pid=400, name="runc")
 

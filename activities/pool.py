@@ -35,10 +35,11 @@ import time
 from collections import deque
 
 from activities.foreground import Foreground
-from sandbox import Containerd, SandboxSpec, resolve_image_name
+from sandbox import SandboxSpec, resolve_image_name
 from sandbox.cgroups import IDLE_SHARES
 from sandbox.errors import CorralError
 from sandbox.labels import NODE_LABEL, POOL_LABEL
+from sandbox.runtime import SandboxRuntime
 
 log = logging.getLogger("corral.pool")
 
@@ -82,7 +83,7 @@ def largest_burst(times: deque[float], span_s: float) -> int:
 class WarmPool:
     def __init__(
         self,
-        containerd: Containerd,
+        containerd: SandboxRuntime,
         node: str,
         sizes: dict[str, int],
         *,

@@ -25,11 +25,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from activities.models import EpisodeSpec, Service
-from sandbox import Containerd, SandboxSpec
+from sandbox import SandboxSpec
 from sandbox.errors import CorralError, SandboxError
 from sandbox.labels import SERVICE_NAME_LABEL, SERVICE_OF_LABEL
 from sandbox.loopback import accepts_in_netns
-from sandbox.sandbox import Sandbox
+from sandbox.runtime import RuntimeSandbox, SandboxRuntime
 from sandbox.userns import range_for_tenant
 
 __all__ = ["ServiceNotReady", "service_id", "start_services", "stop_services"]
@@ -48,8 +48,8 @@ def service_id(sandbox_id: str, name: str) -> str:
 
 
 async def start_services(
-    containerd: Containerd,
-    agent: Sandbox,
+    containerd: SandboxRuntime,
+    agent: RuntimeSandbox,
     spec: EpisodeSpec,
     labels: dict[str, str],
     *,
@@ -61,7 +61,7 @@ async def start_services(
     made so far stay for the agent's teardown (`stop_services`), which the
     episode always runs."""
     pid = await agent.pid()
-    made: list[Sandbox] = []
+    made: list[RuntimeSandbox] = []
     for service in spec.services:
         await ensure_image(service.image)
         sandbox_labels = {**labels, SERVICE_OF_LABEL: agent.id, SERVICE_NAME_LABEL: service.name}
@@ -86,7 +86,7 @@ async def start_services(
     return [box.id for box in made]
 
 
-async def stop_services(containerd: Containerd, sandbox_id: str) -> list[str]:
+async def stop_services(containerd: SandboxRuntime, sandbox_id: str) -> list[str]:
     """Destroy every service of the agent sandbox `sandbox_id`; their ids."""
     services = await containerd.list_sandboxes({SERVICE_OF_LABEL: sandbox_id})
     for info in services:
@@ -110,7 +110,7 @@ def _sandbox_spec(service: Service, spec: EpisodeSpec, agent_pid: int) -> Sandbo
     )
 
 
-async def _add_hosts(sandbox: Sandbox, lines: str) -> None:
+async def _add_hosts(sandbox: RuntimeSandbox, lines: str) -> None:
     """The episode's service names in the sandbox's /etc/hosts (kept if there already).
 
     Written by the host through the sandbox's root, not by a process inside:
@@ -156,7 +156,7 @@ def _read_all(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-async def _until_ready(service: Service, sandbox: Sandbox, pid: int) -> None:
+async def _until_ready(service: Service, sandbox: RuntimeSandbox, pid: int) -> None:
     ready = service.ready
     if ready is None:
         return
@@ -173,12 +173,12 @@ async def _until_ready(service: Service, sandbox: Sandbox, pid: int) -> None:
     )
 
 
-async def _raise_if_exited(service: Service, sandbox: Sandbox) -> None:
+async def _raise_if_exited(service: Service, sandbox: RuntimeSandbox) -> None:
     if await sandbox.status() not in ("running", "created"):
         raise ServiceNotReady(f"service {service.name!r} exited before it was ready")
 
 
-async def _check(service: Service, sandbox: Sandbox, pid: int) -> tuple[bool, str]:
+async def _check(service: Service, sandbox: RuntimeSandbox, pid: int) -> tuple[bool, str]:
     ready = service.ready
     assert ready is not None
     if ready.tcp_port is not None:

@@ -19,8 +19,8 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.glue import heartbeating, mapped
 from activities.models import FetchImageInput, SnapshotInput, SnapshotResult
-from activities.node import _heartbeating, _mapped
 from sandbox import Containerd
 from sandbox.client import KeyedLocks
 from sandbox.errors import ContainerdUnavailable, ImageNotFound
@@ -65,8 +65,8 @@ class SnapshotActivities:
         started = time.monotonic()
         labels = {PARENT_EPISODE_LABEL: input.episode_id, SNAPSHOT_NODE_LABEL: self.node}
         client = self._containerd
-        info = await _heartbeating(
-            _mapped(
+        info = await heartbeating(
+            mapped(
                 commit_sandbox(
                     client.connection, client.images, input.sandbox_id, input.ref, labels
                 )
@@ -74,7 +74,7 @@ class SnapshotActivities:
         )
         ref = input.ref
         if self._registry:
-            ref = await _heartbeating(_mapped(self._share(info, f"{self._registry}/{input.ref}")))
+            ref = await heartbeating(mapped(self._share(info, f"{self._registry}/{input.ref}")))
         return SnapshotResult(
             ref=ref,
             image=info.name,
@@ -98,7 +98,7 @@ class SnapshotActivities:
     @activity.defn(name="corral.fetch_image")
     async def fetch_image(self, input: FetchImageInput) -> bool:
         """Bring a snapshot image to this node; False when it was here already."""
-        return await _heartbeating(_mapped(self.ensure_image(input.image, input.from_node)))
+        return await heartbeating(mapped(self.ensure_image(input.image, input.from_node)))
 
     async def ensure_image(self, image: str, from_node: str = "") -> bool:
         """Copy snapshot ``image`` from a sibling node if this node lacks it.

@@ -24,13 +24,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.gateway import NodeGateway
+from activities.glue import heartbeating, mapped
 from activities.models import ExecStepInput, Step, StepResult
-from activities.node import _heartbeating, _mapped, interrupted_step
 from activities.sensorwatch import SensorWatch
-from sandbox import Containerd
+from activities.step_exec import interrupted_step
 from sandbox.agent import AgentChannel, JobOutput
 from sandbox.blobs import FileBlob, pull_bytes, push_bytes
 from sandbox.registry import RegistryOptions
+from sandbox.runtime import SandboxRuntime
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
@@ -165,7 +166,7 @@ class ToolCallActivities:
     def __init__(
         self,
         node: str,
-        containerd: Containerd,
+        containerd: SandboxRuntime,
         state_dir: Path,
         sensor: SensorWatch | None = None,
         registry: RegistryOptions | None = None,
@@ -214,8 +215,8 @@ class ToolCallActivities:
             journal.mkdir(parents=True, exist_ok=True)
             started_at = datetime.now(UTC)
             started.write_text(started_at.isoformat())
-            out = await _heartbeating(
-                _mapped(
+            out = await heartbeating(
+                mapped(
                     channel.run(
                         request.cmd,
                         env={**input.base_env, **request.env} or None,
@@ -240,7 +241,7 @@ class ToolCallActivities:
                 started_at=started_at,
             )
             if self._sensor is not None:
-                verdict = await _heartbeating(self._sensor.settle(input.sandbox_id, gaps))
+                verdict = await heartbeating(self._sensor.settle(input.sandbox_id, gaps))
                 result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
         if self._gateway is not None:
             result.model_calls = self._gateway.drain(input.sandbox_id)
@@ -265,7 +266,7 @@ class ToolCallActivities:
         await self._sensor_required()
         journal.mkdir(parents=True, exist_ok=True)
         started.write_text(datetime.now(UTC).isoformat())
-        job = await _mapped(
+        job = await mapped(
             channel.spawn(
                 request.cmd,
                 env={**input.base_env, **request.env} or None,
@@ -282,7 +283,7 @@ class ToolCallActivities:
     async def job_output(self, input: JobInput) -> JobOutputResult:
         req = input.request
         channel = await self._channel(input.sandbox_id)
-        out = await _heartbeating(_mapped(_output_when_any(channel, req)))
+        out = await heartbeating(mapped(_output_when_any(channel, req)))
         return JobOutputResult(
             data_b64=base64.b64encode(out.data).decode(),
             offset=out.offset,
@@ -293,8 +294,8 @@ class ToolCallActivities:
     @activity.defn(name="corral.job_wait")
     async def job_wait(self, input: JobInput) -> JobState:
         channel = await self._channel(input.sandbox_id)
-        status = await _heartbeating(
-            _mapped(channel.wait(input.request.job, input.request.timeout_s))
+        status = await heartbeating(
+            mapped(channel.wait(input.request.job, input.request.timeout_s))
         )
         return JobState(
             running=status.running,
@@ -308,30 +309,30 @@ class ToolCallActivities:
     async def job_stdin(self, input: JobStdinInput) -> None:
         req = input.request
         channel = await self._channel(input.sandbox_id)
-        await _mapped(channel.send_stdin(req.job, base64.b64decode(req.data_b64), req.eof))
+        await mapped(channel.send_stdin(req.job, base64.b64decode(req.data_b64), req.eof))
 
     @activity.defn(name="corral.job_kill")
     async def job_kill(self, input: JobInput) -> None:
         channel = await self._channel(input.sandbox_id)
-        await _mapped(channel.kill(input.request.job, input.request.signal))
+        await mapped(channel.kill(input.request.job, input.request.signal))
 
     # Files of any size: bytes through the registry, the history holds the digest.
     @activity.defn(name="corral.file_put")
     async def file_put(self, input: PutFileInput) -> None:
         request = input.request
-        data = await _heartbeating(_mapped(pull_bytes(request.blob, self._registry)))
-        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
-        await _heartbeating(_mapped(sandbox.write_file(request.path, data, request.mode)))
+        data = await heartbeating(mapped(pull_bytes(request.blob, self._registry)))
+        sandbox = await mapped(self._containerd.get_sandbox(input.sandbox_id))
+        await heartbeating(mapped(sandbox.write_file(request.path, data, request.mode)))
 
     @activity.defn(name="corral.file_get")
     async def file_get(self, input: GetFileInput) -> FileBlob:
         request = input.request
-        sandbox = await _mapped(self._containerd.get_sandbox(input.sandbox_id))
-        data = await _heartbeating(_mapped(sandbox.read_file(request.path, request.max_bytes)))
-        return await _heartbeating(_mapped(push_bytes(request.repository, data, self._registry)))
+        sandbox = await mapped(self._containerd.get_sandbox(input.sandbox_id))
+        data = await heartbeating(mapped(sandbox.read_file(request.path, request.max_bytes)))
+        return await heartbeating(mapped(push_bytes(request.repository, data, self._registry)))
 
     async def _channel(self, sandbox_id: str) -> AgentChannel:
-        sandbox = await _mapped(self._containerd.get_sandbox(sandbox_id))
+        sandbox = await mapped(self._containerd.get_sandbox(sandbox_id))
         channel = await sandbox.agent_channel()
         if channel is None:
             raise ApplicationError(
@@ -347,7 +348,7 @@ class ToolCallActivities:
         """The sensor's gap count, or SensorDown (retried) when it is not watching."""
         if self._sensor is None:
             return None
-        return await _heartbeating(_mapped(self._sensor.require()))
+        return await heartbeating(mapped(self._sensor.require()))
 
     def _journal(self, sandbox_id: str) -> Path:
         return self._state_dir / "toolcalls" / sandbox_id

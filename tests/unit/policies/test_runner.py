@@ -1,11 +1,9 @@
-"""policies.runner without bpftrace: a fake sandbox client and synthetic events."""
+"""policies.runner without bpftrace: the shared fake sandbox runtime and synthetic events."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,7 +35,9 @@ def open_write(container: ContainerInfo, path: str, *, vpid: int | None = 7) -> 
     )  # fmt: skip
 
 
-def fake_runtime(watch: Watch, resolver: SandboxResolver, *, fail_exec: bool = False) -> FakeRuntime:
+def fake_runtime(
+    watch: Watch, resolver: SandboxResolver, *, fail_exec: bool = False
+) -> FakeRuntime:
     """The shared in-memory runtime (sandbox/fake.py): each command "runs" by
     feeding the watch the events it would cause."""
 

@@ -21,7 +21,8 @@ from corral.cli_episodes import batch_summary
 from corral.errors import EpisodeKilled, InvalidEpisodeSpec
 from corral.sdk import _result_from_details, parse_spec
 from observability.records import EpisodeRecord, StepRecord
-from workflows.episode import _outcome_of, sandbox_id_for
+from workflows.episode_support import outcome_of as _outcome_of
+from workflows.episode_support import sandbox_id_for
 from workflows.models import EpisodeInput
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -192,7 +193,7 @@ def test_batch_summary_counts_and_percentiles() -> None:
 
 def test_the_episodes_sensor_verdict_is_the_first_step_not_judged() -> None:
     from activities.models import StepResult
-    from workflows.episode import _sensor_verdict
+    from workflows.episode_support import sensor_verdict as _sensor_verdict
 
     def step(verdict: str) -> StepResult:
         return StepResult(index=0, cmd="true", exit_code=0, sensor=verdict)

@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from activities.models import NodeCapacity, NodeUsage
 from contract.config import NodeBudgetConfig
+from contract.models import NodeCapacity, NodeUsage
 from sandbox.cgroups import CGROUP_ROOT
 from sandbox.spec import CGROUP_PARENT
 

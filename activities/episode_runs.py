@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from activities.glue import app_error, heartbeating
-from activities.models import RunScriptedResult
+from contract.models import RunScriptedResult
 
 # A teardown waits this long for the lean run it stops to unwind.
 LEAN_STOP_WAIT_S = 30.0

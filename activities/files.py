@@ -12,7 +12,7 @@ import base64
 
 from activities.glue import heartbeating, mapped
 from activities.ledger import NodeLedger
-from activities.models import FileContent, ReadFileInput, WriteFileInput
+from contract.models import FileContent, ReadFileInput, WriteFileInput
 from sandbox.runtime import SandboxRuntime
 
 

@@ -41,7 +41,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from activities.gateway_stream import StreamAssembly, TokenFacts
-from activities.models import MODEL_GATEWAY_PORT, ModelCall, ModelGateway
+from contract.models import MODEL_GATEWAY_PORT, ModelCall, ModelGateway
 from sandbox.loopback import listen_in_netns
 
 __all__ = ["RECORD_BYTES_PER_STEP", "NodeGateway"]

@@ -19,7 +19,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.sensorwatch import SensorDown
-from sandbox.errors import CorralError, SandboxError
+from contract.errors import CorralError, SandboxError
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0

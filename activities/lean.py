@@ -20,7 +20,8 @@ from activities.files import SandboxFiles
 from activities.foreground import Foreground
 from activities.glue import heartbeat, mapped, uncut, workflow_run_id
 from activities.lifecycle import Lifecycle
-from activities.models import (
+from activities.step_exec import StepRunner
+from contract.models import (
     ExecStepInput,
     RunScriptedInput,
     RunScriptedResult,
@@ -29,7 +30,6 @@ from activities.models import (
     TeardownInput,
     WriteFileInput,
 )
-from activities.step_exec import StepRunner
 from sandbox.runtime import SandboxRuntime
 
 # A lean run's own teardown is tried this often before leaving it to the janitor.

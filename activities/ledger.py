@@ -18,7 +18,7 @@ from pathlib import Path
 from activities.capacity import AdmissionGate, SandboxCpuMeter, measure, room_for
 from activities.foreground import Foreground
 from activities.glue import app_error, mapped
-from activities.models import NodeCapacity, NodeUsage
+from contract.models import NodeCapacity, NodeUsage
 from sandbox.cgroups import ElasticCpu, ceiling_cores
 from sandbox.runtime import SandboxRuntime
 

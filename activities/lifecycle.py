@@ -21,7 +21,14 @@ from activities.episode_runs import EpisodeRuns
 from activities.gateway import NodeGateway
 from activities.glue import app_error, first_attempt, heartbeating, mapped, workflow_run_id
 from activities.ledger import NodeLedger
-from activities.models import (
+from activities.pool import WarmPool
+from activities.records import record_episode
+from activities.sensorwatch import Verdict
+from activities.services import start_services, stop_services
+from activities.step_exec import StepRunner
+from contract.errors import ImageNotFound, SandboxNotFound
+from contract.labels import CPU_MODE_LABEL, NODE_LABEL, OWNER_LABEL, SERVICE_OF_LABEL
+from contract.models import (
     API_KEY_ENV,
     EpisodeSpec,
     ProvisionInput,
@@ -30,18 +37,11 @@ from activities.models import (
     TeardownInput,
     TeardownResult,
 )
-from activities.pool import WarmPool
-from activities.records import record_episode
-from activities.sensorwatch import Verdict
-from activities.services import start_services, stop_services
-from activities.step_exec import StepRunner
 from observability.metrics import Metrics
 from observability.records import RecordWriter
 from observability.tracing import ATTR_NODE, ATTR_SANDBOX_ID, span
 from sandbox import SandboxSpec, network
 from sandbox.cgroups import IDLE_SHARES, busy_shares
-from sandbox.errors import ImageNotFound, SandboxNotFound
-from sandbox.labels import CPU_MODE_LABEL, NODE_LABEL, OWNER_LABEL, SERVICE_OF_LABEL
 from sandbox.registry import RegistryOptions
 from sandbox.runtime import SandboxRuntime
 from sandbox.userns import range_for_tenant

@@ -41,8 +41,13 @@ from activities.foreground import Foreground
 from activities.gateway import NodeGateway
 from activities.lean import DRAIN_TIMEOUT_S, LeanRuns
 from activities.ledger import NodeLedger
-from activities.lifecycle import Lifecycle, sandbox_spec_for
-from activities.models import (
+from activities.lifecycle import Lifecycle
+from activities.pool import WarmPool
+from activities.quarantine import Quarantine
+from activities.reaping import Reaper
+from activities.sensorwatch import SensorWatch, Verdict
+from activities.step_exec import StepRunner
+from contract.models import (
     ExecStepInput,
     FileContent,
     NodeCapacity,
@@ -60,30 +65,10 @@ from activities.models import (
     TeardownResult,
     WriteFileInput,
 )
-from activities.pool import WarmPool
-from activities.quarantine import Quarantine
-from activities.reaping import Reaper
-from activities.reaping import as_utc as _as_utc
-from activities.records import episode_records, record_episode
-from activities.records import reward_value as _reward_value
-from activities.sensorwatch import SensorWatch, Verdict
-from activities.step_exec import INTERRUPTED_EXIT_CODE, StepRunner, interrupted_step
 from observability.metrics import Metrics
 from observability.records import RecordWriter
 from sandbox.registry import RegistryOptions
 from sandbox.runtime import SandboxRuntime
-
-# Importers of this module's former contents find them here still.
-__all__ = [
-    "INTERRUPTED_EXIT_CODE",
-    "NodeActivities",
-    "_as_utc",
-    "_reward_value",
-    "episode_records",
-    "interrupted_step",
-    "record_episode",
-    "sandbox_spec_for",
-]
 
 
 class NodeActivities:

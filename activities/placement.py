@@ -25,17 +25,17 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.capacity import IDLE_SANDBOX_MB, THREADS_PER_IDLE_SANDBOX, free_slots
-from activities.models import (
+from activities.records import record_episode
+from contract.ids import resolve_image_name
+from contract.models import (
     NodeInfo,
     NodeLostInput,
     PlaceInput,
     Placement,
     RecordEpisodeInput,
 )
-from activities.node import record_episode
 from observability.metrics import Metrics
 from observability.records import RecordWriter
-from sandbox.images import resolve_image_name
 
 NODE_LOST_SIGNAL = "node_lost"
 # A node not heard from for this long gets no new episode (heartbeats every 5 s).

@@ -35,10 +35,11 @@ import time
 from collections import deque
 
 from activities.foreground import Foreground
-from sandbox import SandboxSpec, resolve_image_name
+from contract.errors import CorralError
+from contract.ids import resolve_image_name
+from contract.labels import NODE_LABEL, POOL_LABEL
+from sandbox import SandboxSpec
 from sandbox.cgroups import IDLE_SHARES
-from sandbox.errors import CorralError
-from sandbox.labels import NODE_LABEL, POOL_LABEL
 from sandbox.runtime import SandboxRuntime
 
 log = logging.getLogger("corral.pool")

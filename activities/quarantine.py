@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from activities.glue import mapped, to_app_error
-from activities.models import SandboxRef
+from contract.errors import CorralError
+from contract.models import SandboxRef
 from observability.metrics import Metrics
-from sandbox.errors import CorralError
 from sandbox.runtime import SandboxRuntime
 
 # The episode's sandbox by id, else by its owner label (a warm claim keeps its id).

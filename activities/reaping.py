@@ -18,8 +18,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.glue import heartbeat, mapped
-from activities.models import ReapInput, ReapResult, TeardownInput, TeardownResult
-from sandbox.labels import OWNER_LABEL, SANDBOX_LABEL
+from contract.labels import OWNER_LABEL, SANDBOX_LABEL
+from contract.models import ReapInput, ReapResult, TeardownInput, TeardownResult
 from sandbox.runtime import SandboxRuntime
 
 Teardown = Callable[[TeardownInput], Awaitable[TeardownResult]]

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from sandbox.errors import CorralError
+from contract.errors import CorralError
 
 VerdictStatus = Literal["ok", "behind", "down", "gap", "unsupported", "off"]
 PING_TIMEOUT_S = 5.0

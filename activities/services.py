@@ -24,10 +24,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from activities.models import EpisodeSpec, Service
+from contract.errors import CorralError, SandboxError
+from contract.labels import SERVICE_NAME_LABEL, SERVICE_OF_LABEL
+from contract.models import EpisodeSpec, Service
 from sandbox import SandboxSpec
-from sandbox.errors import CorralError, SandboxError
-from sandbox.labels import SERVICE_NAME_LABEL, SERVICE_OF_LABEL
 from sandbox.loopback import accepts_in_netns
 from sandbox.runtime import RuntimeSandbox, SandboxRuntime
 from sandbox.userns import range_for_tenant

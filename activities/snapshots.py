@@ -20,20 +20,15 @@ from typing import Any
 from temporalio import activity
 
 from activities.glue import heartbeating, mapped
-from activities.models import FetchImageInput, SnapshotInput, SnapshotResult
+from contract.errors import ContainerdUnavailable, ImageNotFound
+from contract.ids import is_local_snapshot, resolve_image_name
+from contract.labels import LAYER_BYTES_LABEL, PARENT_EPISODE_LABEL, SNAPSHOT_NODE_LABEL
+from contract.models import FetchImageInput, SnapshotInput, SnapshotResult
 from sandbox import Containerd
 from sandbox.client import KeyedLocks
-from sandbox.errors import ContainerdUnavailable, ImageNotFound
-from sandbox.images import resolve_image_name
-from sandbox.labels import LAYER_BYTES_LABEL, PARENT_EPISODE_LABEL, SNAPSHOT_NODE_LABEL
 from sandbox.models import ImageInfo
 from sandbox.registry import RegistryOptions
-from sandbox.snapshot import (
-    commit_sandbox,
-    copy_image,
-    is_local_snapshot,
-    put_image,
-)
+from sandbox.snapshot import commit_sandbox, copy_image, put_image
 from sandbox.transfer import push_image
 
 

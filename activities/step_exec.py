@@ -21,11 +21,11 @@ from temporalio import activity
 from activities.gateway import NodeGateway
 from activities.glue import heartbeating, mapped, to_app_error
 from activities.ledger import NodeLedger
-from activities.models import ExecStepInput, ModelCall, StepResult
 from activities.sensorwatch import SensorWatch, Verdict
+from contract.errors import SandboxError, SandboxNotFound
+from contract.models import ExecStepInput, ModelCall, StepResult
 from observability.metrics import Metrics
 from observability.tracing import ATTR_NODE, ATTR_SANDBOX_ID, span
-from sandbox.errors import SandboxError, SandboxNotFound
 from sandbox.models import ExecResult
 from sandbox.runtime import SandboxRuntime
 

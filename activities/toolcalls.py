@@ -25,11 +25,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.gateway import NodeGateway
 from activities.glue import heartbeating, mapped
-from activities.models import ExecStepInput, Step, StepResult
 from activities.sensorwatch import SensorWatch
 from activities.step_exec import interrupted_step
+from contract.models import ExecStepInput, FileBlob, Step, StepResult
 from sandbox.agent import AgentChannel, JobOutput
-from sandbox.blobs import FileBlob, pull_bytes, push_bytes
+from sandbox.blobs import pull_bytes, push_bytes
 from sandbox.registry import RegistryOptions
 from sandbox.runtime import SandboxRuntime
 

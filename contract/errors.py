@@ -1,9 +1,9 @@
 """Corral's exception tree.
 
-``CorralError`` is the one root every layer raises from; it lives here, in the
-lowest layer, so that the sandbox layer can raise it without importing upward.
-``corral`` re-exports it for trainers. Each subclass carries a one-line message
-that names what was wrong.
+``CorralError`` is the one root every layer raises from; it lives in the
+contract, below every layer, so that the sandbox layer can raise it without
+importing upward. ``corral`` exports it to trainers with their own errors.
+Each subclass carries a one-line message that names what was wrong.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Every label Corral puts on containerd objects, in one place (issue 24).
+"""Every label Corral puts on containerd objects, in one place.
 
 Labels are the contract between the layers that write them (the episode
 workflow, the node's activities, the sandbox layer) and those that read them
-back (the reaper, the sensor, snapshot collection, the CLI). At the bottom of
-the layering, like `sandbox.errors`, so every layer imports them from here.
+back (the reaper, the sensor, snapshot collection, the CLI); every layer
+imports them from here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The data Corral's activities take and return, and the spec trainers write.
 
 One model per activity input, as in temporalio/samples-python. They live in
-the activity layer because activities consume them and must not import the
-workflows above them; `workflows.models` re-exports them for callers.
+the contract, below every layer, because the SDK, the workflows, the
+activities and the workers all pass them; everyone imports them from here.
 These travel through Temporal as JSON (pydantic data converter), so they are
 plain data: no clients, no paths that only mean something on one host.
 `EpisodeSpec` is what trainers write; unknown fields are rejected so that a
@@ -668,3 +668,12 @@ class ReapResult(BaseModel):
 
 
 TeardownInput.model_rebuild()
+
+
+class FileBlob(BaseModel):
+    """Where a file's bytes wait: a blob of `repository`, by digest (files over
+    the inline limit travel through a registry; the history holds the digest)."""
+
+    repository: str = Field(min_length=1)  # host[:port]/corral/files
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    size: int = Field(ge=0)

@@ -3,7 +3,8 @@
 The face of the project for trainers: the SDK, the CLI, the models they write.
 """
 
-from activities.models import (
+from contract.errors import CorralError
+from contract.models import (
     EgressRule,
     EpisodeResult,
     EpisodeSpec,
@@ -34,7 +35,6 @@ from corral.errors import (
     InvalidEpisodeSpec,
 )
 from corral.sdk import Corral, Episode, EpisodeSummary
-from sandbox.errors import CorralError
 from workflows.models import EpisodeStatus
 
 __all__ = [

@@ -21,8 +21,8 @@ import yaml
 from pydantic import BaseModel
 from rich.console import Console
 
-from sandbox.errors import CorralError
-from workers.config import StackConfig, load_config
+from contract.config import StackConfig, load_config
+from contract.errors import CorralError
 
 T = TypeVar("T")
 console = Console(stderr=True, highlight=False)

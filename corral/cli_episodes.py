@@ -21,7 +21,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from activities.models import EpisodeResult
+from contract.models import EpisodeResult
 from corral.cli_common import (
     Context,
     console,

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from contract.errors import CorralError
 from corral.cli_common import Context, emit_json, fail, out, pass_ctx, run_async
 from corral.ops.policies import (
     ValidationReport,
@@ -16,7 +17,6 @@ from corral.ops.policies import (
     run_rule_tests,
     validate_rules,
 )
-from sandbox.errors import CorralError
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 

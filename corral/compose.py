@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from activities.models import EpisodeSpec
-from workers.config import describe_validation_error
+from contract.config import describe_validation_error
+from contract.models import EpisodeSpec
 
 __all__ = ["ComposeError", "spec_from_compose"]
 

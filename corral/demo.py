@@ -8,9 +8,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from activities.models import EpisodeResult, EpisodeSpec
+from contract.config import StackConfig
+from contract.models import EpisodeResult, EpisodeSpec
 from corral.sdk import Corral
-from workers.config import StackConfig
 from workers.stack import Stack
 
 DEMO_SPECS: list[dict[str, Any]] = [

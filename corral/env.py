@@ -32,7 +32,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from activities.models import EpisodeResult, EpisodeSpec, ModelCall, StepResult
+from contract.config import StackConfig
+from contract.models import EpisodeResult, EpisodeSpec, ModelCall, StepResult
 from corral.errors import (
     CorralError,
     EpisodeEnded,
@@ -42,7 +43,6 @@ from corral.errors import (
     InvalidEpisodeSpec,
 )
 from corral.sdk import Corral, Episode, parse_spec
-from workers.config import StackConfig
 
 __all__ = [
     "Action",

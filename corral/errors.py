@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sandbox.errors import CorralError
+from contract.errors import CorralError
 
 if TYPE_CHECKING:
     from temporalio.service import RPCError
 
-    from activities.models import EpisodeResult
+    from contract.models import EpisodeResult
 
 
 class InvalidEpisodeSpec(CorralError):

@@ -18,7 +18,7 @@ from typing import IO, Literal
 
 from pydantic import BaseModel
 
-from activities.models import AlertSummary, EpisodeResult, ModelCall, StepResult
+from contract.models import AlertSummary, EpisodeResult, ModelCall, StepResult
 from corral.env import reward_of
 from corral.errors import EpisodeError
 from corral.sdk import Corral, EpisodeSummary

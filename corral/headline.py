@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+from contract.config import StackConfig
 from observability.metrics import scrape
-from workers.config import StackConfig
 
 _FIGURES = {
     "corral_sandboxes": "sandboxes",

@@ -46,17 +46,6 @@ from temporalio.exceptions import (
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.models import (
-    EpisodeResult,
-    EpisodeSpec,
-    ExecRequest,
-    FileContent,
-    ReadFileRequest,
-    SnapshotRequest,
-    SnapshotResult,
-    StepResult,
-    WriteFileRequest,
-)
 from activities.toolcalls import (
     GetFileRequest,
     JobInfo,
@@ -68,7 +57,29 @@ from activities.toolcalls import (
     SpawnRequest,
     ToolExecRequest,
 )
-from contract.errors import kinds_where
+from contract.config import RegistryConfig, StackConfig, describe_validation_error, load_config
+from contract.errors import CorralError, kinds_where
+from contract.ids import calls_workflow_id
+from contract.models import (
+    EpisodeResult,
+    EpisodeSpec,
+    ExecRequest,
+    FileBlob,
+    FileContent,
+    ReadFileRequest,
+    SnapshotRequest,
+    SnapshotResult,
+    StepResult,
+    WriteFileRequest,
+)
+from contract.search_attributes import (
+    ANOMALY_RULE,
+    EPISODE_STATE,
+    PARENT_EPISODE,
+    SANDBOX_IMAGE,
+    SANDBOX_NODE,
+    TENANT,
+)
 from corral.errors import (
     CorralRPCError,
     EpisodeAlreadyExists,
@@ -90,23 +101,13 @@ from corral.errors import (
     InvalidEpisodeSpec,
 )
 from observability.tracing import flush_tracing, setup_tracing
-from sandbox.blobs import INLINE_MAX, FileBlob, files_repository, pull_bytes, push_bytes
-from sandbox.errors import CorralError
+from sandbox.blobs import INLINE_MAX, files_repository, pull_bytes, push_bytes
 from sandbox.registry import registry_options
-from workers.config import RegistryConfig, StackConfig, describe_validation_error, load_config
 from workers.temporal import connect
 from workers.tenants import TenantRuleViolation, prepare_for_tenant
-from workflows.calls import EpisodeCallsWorkflow, calls_workflow_id
+from workflows.calls import EpisodeCallsWorkflow
 from workflows.episode import EpisodeWorkflow
 from workflows.models import EpisodeInput, EpisodeStatus, OnCallRequest
-from workflows.search_attributes import (
-    ANOMALY_RULE,
-    EPISODE_STATE,
-    PARENT_EPISODE,
-    SANDBOX_IMAGE,
-    SANDBOX_NODE,
-    TENANT,
-)
 
 _ERROR_TYPES: dict[str, type[EpisodeError]] = {
     "EpisodeKilled": EpisodeKilled,

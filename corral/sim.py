@@ -43,11 +43,11 @@ from temporalio.runtime import (
 )
 from temporalio.service import RPCError
 
-from activities.models import EpisodeSpec, Step
+from contract.config import StackConfig, load_config
+from contract.errors import CorralError
+from contract.models import EpisodeSpec, Step
 from corral.sdk import Corral
 from corral.sim_node import SimNode, SimStats, Timings
-from sandbox.errors import CorralError
-from workers.config import StackConfig, load_config
 from workers.node_directory import NodeDirectory
 from workers.stack import Stack
 from workers.temporal import connect

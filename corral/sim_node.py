@@ -29,7 +29,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.models import (
+from contract.models import (
     ExecStepInput,
     FileContent,
     NodeCapacity,

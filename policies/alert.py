@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contract.errors import CorralError
 from contract.priority import Priority
-from sandbox.errors import CorralError
 
 ANOMALY_SIGNAL = "anomaly"
 """Signal name the intake sends to an episode workflow; its one argument is

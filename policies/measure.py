@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.errors import CorralError
 from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
 from policies.runner import Say, new_sandbox_id
-from sandbox.errors import CorralError
 
 POLL_S = 0.005
 

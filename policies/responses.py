@@ -35,9 +35,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contract.errors import CorralError
 from contract.priority import Priority
 from policies.alert import Alert
-from sandbox.errors import CorralError
 
 Action = Literal["kill", "quarantine", "notify"]
 DecisionAction = Literal["kill", "quarantine", "notify", "none"]

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.errors import CorralError
+from contract.labels import POLICY_TEST_LABEL
 from policies.falco.engine import Match, RuleEngine
 from policies.falco.event import ContainerInfo, Event
 from policies.falco.fields import default_registry
 from policies.testcases import CaseResult, PolicyTestCase, compare, load_test_cases
-from sandbox.errors import CorralError
-from sandbox.labels import POLICY_TEST_LABEL
 
 log = logging.getLogger("corral.policy.runner")
 

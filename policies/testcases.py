@@ -25,8 +25,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contract.errors import CorralError
 from policies.alert import Alert
-from sandbox.errors import CorralError
 
 
 class PolicyTestError(CorralError):

@@ -1,7 +1,7 @@
 """Corral's sandbox layer: containerd over gRPC, OCI specs, images, exec I/O.
 
 No Temporal imports here; activities wrap this layer. Names are imported
-lazily so that ``sandbox.errors`` and ``sandbox.models`` work before the
+lazily so that ``sandbox.models`` and the other pure modules work before the
 gRPC stubs are generated (``scripts/gen_stubs.py``).
 """
 
@@ -13,7 +13,6 @@ from typing import Any
 _EXPORTS = {
     "Containerd": "sandbox.client",
     "ContainerdDaemon": "sandbox.daemon",
-    "resolve_image_name": "sandbox.images",
     "ExecResult": "sandbox.models",
     "ImageInfo": "sandbox.models",
     "SandboxEvent": "sandbox.models",

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import ExecFailed, FileNotFound, SandboxError, SandboxNotFound
+from contract.errors import ExecFailed, FileNotFound, SandboxError, SandboxNotFound
 from sandbox.exec_io import OutputCallback, OutputCollector
 from sandbox.spec import AGENT_PATH  # where sandboxes see it (read-only bind mount)
 

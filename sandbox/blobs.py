@@ -12,21 +12,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from pydantic import BaseModel, Field
-
-from sandbox.errors import InvalidSpec, SandboxError
+from contract.errors import InvalidSpec, SandboxError
+from contract.models import FileBlob
 from sandbox.registry import CHUNK, Reference, RegistryOptions, RegistrySession, digest_of
 
 INLINE_MAX = 1 << 20  # up to this many bytes ride in the Update itself
 FILES_REPOSITORY = "corral/files"
-
-
-class FileBlob(BaseModel):
-    """Where a file's bytes wait: a blob of `repository`, by digest."""
-
-    repository: str = Field(min_length=1)  # host[:port]/corral/files
-    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    size: int = Field(ge=0)
 
 
 def files_repository(registry: str | None) -> str:

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox.labels import CPU_MODE_LABEL
+from contract.labels import CPU_MODE_LABEL
 from sandbox.spec import CGROUP_PARENT
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -21,6 +21,23 @@ from typing import Any
 import grpc
 from google.protobuf import any_pb2, empty_pb2, field_mask_pb2
 
+from contract.errors import (
+    ContainerdUnavailable,
+    InvalidSpec,
+    SandboxAlreadyExists,
+    SandboxError,
+    SandboxNotFound,
+    SandboxStartFailed,
+)
+from contract.labels import (
+    AGENT_LABEL,
+    IMAGE_LABEL,
+    NETWORK_LABEL,
+    REMAP_LABEL,
+    RUNTIME_LABEL,
+    SANDBOX_LABEL,
+    TENANT_LABEL,
+)
 from sandbox import agent, network, quota, shimns, userns, volumes
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
@@ -31,26 +48,9 @@ from sandbox._gen.containerd.api.types.task import task_pb2
 from sandbox._gen.containerd.runtime.v2.runc.options import oci_pb2
 from sandbox.cgroups import thaw_directly
 from sandbox.connection import DEFAULT_SNAPSHOTTER, Connection
-from sandbox.errors import (
-    ContainerdUnavailable,
-    InvalidSpec,
-    SandboxAlreadyExists,
-    SandboxError,
-    SandboxNotFound,
-    SandboxStartFailed,
-)
 from sandbox.events import DEFAULT_TOPICS, subscribe_events
 from sandbox.grpc_errors import is_not_found, map_grpc_error, one_line
 from sandbox.images import ImageStore
-from sandbox.labels import (
-    AGENT_LABEL,
-    IMAGE_LABEL,
-    NETWORK_LABEL,
-    REMAP_LABEL,
-    RUNTIME_LABEL,
-    SANDBOX_LABEL,
-    TENANT_LABEL,
-)
 from sandbox.models import (
     SandboxEvent,
     SandboxInfo,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc
 
+from contract.errors import ContainerdUnavailable
 from sandbox import shimns
-from sandbox.errors import ContainerdUnavailable
 
 _log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox.errors import ImageBuildError
+from contract.errors import ImageBuildError
 
 __all__ = [
     "Change",

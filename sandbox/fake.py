@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox.errors import (
+from contract.errors import (
     ExecFailed,
     FileNotFound,
     ImageNotFound,
@@ -34,8 +34,8 @@ from sandbox.errors import (
     SandboxPaused,
     SandboxStateError,
 )
-from sandbox.images import resolve_image_name
-from sandbox.labels import IMAGE_LABEL, NETWORK_LABEL, SANDBOX_LABEL
+from contract.ids import resolve_image_name
+from contract.labels import IMAGE_LABEL, NETWORK_LABEL, SANDBOX_LABEL
 from sandbox.models import ExecResult, ImageInfo, SandboxInfo, SandboxSpec, validate_sandbox_id
 from sandbox.sandbox import RawExecResult
 

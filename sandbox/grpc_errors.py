@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from sandbox.errors import (
+from contract.errors import (
     ContainerdError,
     ContainerdUnavailable,
     InvalidSpec,

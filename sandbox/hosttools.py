@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sandbox.errors import SandboxError
+from contract.errors import SandboxError
 
 DEFAULT_TIMEOUT_S = 30.0
 

@@ -23,6 +23,9 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
+from contract.errors import ImageImportFailed, ImageNotFound
+from contract.ids import LOCAL_REGISTRY, resolve_image_name
+from contract.labels import CHAIN_ID_LABEL, LAST_USED_LABEL
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
@@ -30,28 +33,14 @@ from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox._gen.containerd.api.types import descriptor_pb2
 from sandbox.connection import Connection
-from sandbox.errors import ImageImportFailed, ImageNotFound
 from sandbox.grpc_errors import is_not_found, map_grpc_error
-from sandbox.labels import CHAIN_ID_LABEL, LAST_USED_LABEL
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import GOARCH, MEDIA_INDEX, NAME_ANNOTATION
 
-LOCAL_REGISTRY = "corral.local"
 TOUCH_EVERY_S = 60  # provisions within a minute of each other update the label once
 WRITE_CHUNK = 1024 * 1024
 JSON_BLOB_MAX = 4 * 1024 * 1024  # manifests and configs are small; layers are not parsed
 INDEX_TYPES = {MEDIA_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json"}
-
-
-def resolve_image_name(name: str) -> str:
-    """Short names live in the local registry: "busybox" -> "corral.local/busybox:latest"."""
-    first = name.split("/", 1)[0]
-    has_host = "/" in name and ("." in first or ":" in first or first == "localhost")
-    full = name if has_host else f"{LOCAL_REGISTRY}/{name}"
-    last = full.rsplit("/", 1)[1]
-    if ":" not in last and "@" not in last:
-        full += ":latest"
-    return full
 
 
 def chain_ids(diff_ids: Sequence[str]) -> list[str]:

@@ -34,7 +34,7 @@ _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,75}$")
 def validate_sandbox_id(sandbox_id: str) -> str:
     """containerd ids: letters, digits, ``_.-``; we also keep them short for runc's paths."""
     if not _SANDBOX_ID.match(sandbox_id):
-        from sandbox.errors import InvalidSpec
+        from contract.errors import InvalidSpec
 
         raise InvalidSpec(
             f"sandbox_id {sandbox_id!r}: use 1-76 of [A-Za-z0-9_.-], starting alphanumeric"

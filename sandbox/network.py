@@ -79,7 +79,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.checks import egress_cidr
-from sandbox.errors import NetworkError
+from contract.errors import NetworkError
 from sandbox.hosttools import run_tool
 
 __all__ = [

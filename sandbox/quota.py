@@ -33,8 +33,8 @@ import stat
 import struct
 from pathlib import Path
 
+from contract.errors import SandboxError
 from sandbox import hosttools
-from sandbox.errors import SandboxError
 
 SNAPSHOTTER_DIR = "io.containerd.snapshotter.v1.overlayfs"
 IMAGE_NAME = "snapshots.btrfs"

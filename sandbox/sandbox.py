@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import any_pb2
 
+from contract.errors import FileNotFound, SandboxError, SandboxNotFound, SandboxPaused
+from contract.labels import AGENT_LABEL
 from sandbox import network
 from sandbox._gen.cgroups.stats.v1 import metrics_pb2 as cgroup_metrics_pb2
 from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
 from sandbox._gen.containerd.api.types.task import task_pb2
 from sandbox.cgroups import is_frozen
 from sandbox.connection import Connection
-from sandbox.errors import FileNotFound, SandboxError, SandboxNotFound, SandboxPaused
 from sandbox.exec_io import (
     ExecFiles,
     ExecPipes,
@@ -29,7 +30,6 @@ from sandbox.exec_io import (
     kill_process_tree,
 )
 from sandbox.grpc_errors import is_not_found, map_grpc_error
-from sandbox.labels import AGENT_LABEL
 from sandbox.models import ExecResult, SandboxMetrics, SandboxStatus, parse_user
 from sandbox.network import NetworkAttachment
 from sandbox.spec import EXEC_OOM_SCORE_ADJ, exec_process
@@ -603,7 +603,7 @@ def _durable_result(files: ExecFiles, output_limit_bytes: int) -> RawExecResult:
 def _check_exec_args(
     args: list[str], user: str | None, timeout_s: float | None, output_limit_bytes: int
 ) -> None:
-    from sandbox.errors import InvalidSpec
+    from contract.errors import InvalidSpec
 
     if not args or not all(isinstance(arg, str) for arg in args):
         raise InvalidSpec(f"exec cmd must be a non-empty list of strings, got {args!r}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -35,6 +34,14 @@ from typing import Any
 
 import grpc
 
+from contract.errors import SandboxError, SandboxNotFound, SnapshotFailed
+from contract.ids import resolve_image_name
+from contract.labels import (
+    BASE_IMAGE_LABEL,
+    CHAIN_ID_LABEL,
+    LAYER_BYTES_LABEL,
+    SNAPSHOT_SANDBOX_LABEL,
+)
 from sandbox import hosttools
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
@@ -42,46 +49,14 @@ from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox.connection import Connection
-from sandbox.errors import SandboxError, SandboxNotFound, SnapshotFailed
 from sandbox.grpc_errors import is_not_found, map_grpc_error
-from sandbox.images import (
-    LOCAL_REGISTRY,
-    ImageStore,
-    _gc_labels,
-    chain_ids,
-    resolve_image_name,
-)
-from sandbox.labels import (
-    BASE_IMAGE_LABEL,
-    CHAIN_ID_LABEL,
-    LAYER_BYTES_LABEL,
-    SNAPSHOT_SANDBOX_LABEL,
-)
+from sandbox.images import ImageStore, _gc_labels, chain_ids
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import MEDIA_MANIFEST
 
 MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
-SNAPSHOT_REPO = "corral/snapshots"
-_REPO_CHARS = re.compile(r"[^a-z0-9]+")
-_TAG_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 # A plain (non-reflink) copy of a few GB of writes on a slow disk stays well inside this.
 COPY_TIMEOUT_S = 600.0
-
-
-def snapshot_ref(episode_id: str, name: str) -> str:
-    """`corral/snapshots/<episode>:<name>` with both parts made valid reference text.
-
-    Repository components are lowercase alphanumerics joined by single
-    separators; tags are at most 128 word characters, dots and dashes.
-    """
-    repo = _REPO_CHARS.sub("-", episode_id.lower()).strip("-") or "episode"
-    tag = _TAG_CHARS.sub("-", name).lstrip(".-")[:128] or "latest"
-    return f"{SNAPSHOT_REPO}/{repo}:{tag}"
-
-
-def is_local_snapshot(image: str) -> bool:
-    """A snapshot named in the local registry (not pushed anywhere): nodes copy it."""
-    return resolve_image_name(image).startswith(f"{LOCAL_REGISTRY}/{SNAPSHOT_REPO}/")
 
 
 async def commit_sandbox(

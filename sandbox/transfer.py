@@ -23,17 +23,12 @@ from typing import Any
 import aiohttp
 import grpc
 
+from contract.errors import ImageImportFailed, ImageNotFound
+from contract.ids import LOCAL_REGISTRY, resolve_image_name
 from sandbox._gen.containerd.api.services.leases.v1 import leases_pb2
 from sandbox.connection import Connection
-from sandbox.errors import ImageImportFailed, ImageNotFound
 from sandbox.grpc_errors import map_grpc_error, one_line
-from sandbox.images import (
-    LOCAL_REGISTRY,
-    ImageStore,
-    _gc_labels,
-    chain_ids,
-    resolve_image_name,
-)
+from sandbox.images import ImageStore, _gc_labels, chain_ids
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import GOARCH
 from sandbox.registry import (

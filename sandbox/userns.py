@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import InvalidSpec, SandboxError
+from contract.errors import InvalidSpec, SandboxError
 from sandbox.quota import run_tool
 
 DEFAULT_START = 1_000_000_000

@@ -20,7 +20,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from sandbox.errors import SandboxError
+from contract.errors import SandboxError
 from sandbox.hosttools import run_tool
 
 COMMAND_TIMEOUT_S = 30.0

@@ -18,11 +18,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from temporalio.client import Client
 
-from activities.models import NodeHeartbeat
 from activities.node import NodeActivities
 from activities.pool import WarmPool
+from contract.config import StackConfig
+from contract.models import NodeHeartbeat
 from sandbox import Containerd
-from workers.config import StackConfig
 from workflows.nodes import HEARTBEAT_EVERY_S, BeatGate, send_heartbeat
 
 log = logging.getLogger("corral.heartbeat")

@@ -35,9 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
+from contract.errors import CorralError
 from policies.alert import ANOMALY_SIGNAL, Alert, MalformedAlert, parse_alert
 from policies.responses import DEFAULT_RESPONSES, Decision, ResponsePolicy, load_responses
-from sandbox.errors import CorralError
 
 log = logging.getLogger("corral.intake")
 # How long a starting intake waits for its port to be released (an intake just stopped).
@@ -373,8 +373,8 @@ def load_token(token_env: str, token_file: Path | None = None) -> SecretStr:
 
 async def serve_from_config(config_path: Path | None = None) -> None:
     """The intake of the dev stack: settings from `temporal-dev.yaml`."""
+    from contract.config import load_config
     from observability.metrics import setup_metrics
-    from workers.config import load_config
     from workers.directory import EpisodeDirectory
     from workers.temporal import connect
 

@@ -38,7 +38,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import CorralError
+from contract.errors import CorralError
 
 RIG_RANGE = ipaddress.IPv4Network("100.72.0.0/16")
 NETNS_DIR = Path("/run/netns")

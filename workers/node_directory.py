@@ -14,7 +14,7 @@ import logging
 
 from temporalio.client import Client
 
-from activities.models import NodeInfo
+from contract.models import NodeInfo
 from workflows.nodes import REGISTRY_SHARDS, merge_shards, shard_nodes
 
 REFRESH_EVERY_S = 1.0

@@ -27,22 +27,22 @@ from temporalio.worker import Worker
 from activities.capacity import node_capacity
 from activities.foreground import Foreground
 from activities.gateway import NodeGateway
-from activities.models import ReapInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool
 from activities.sensorwatch import SensorWatch
 from activities.snapshots import SnapshotActivities
 from activities.toolcalls import ToolCallActivities
+from contract.config import StackConfig, load_config
+from contract.errors import CorralError
+from contract.models import ReapInput
 from observability.extras import require_at_start
 from observability.metrics import Metrics, setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
 from sandbox import Containerd
-from sandbox.errors import CorralError
 from sandbox.registry import registry_options
 from sandbox.snapshot_gc import collect_snapshots
 from sandbox.userns import UidPool
-from workers.config import StackConfig, load_config
 from workers.heartbeat import heartbeat_forever
 from workers.temporal import connect, workflow_runner
 from workflows.calls import EpisodeCallsWorkflow

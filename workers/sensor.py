@@ -43,14 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.config import StackConfig, load_config
+from contract.errors import CorralError
+from contract.labels import OWNER_LABEL
 from observability.metrics import Metrics, setup_metrics
 from policies.alert import KEPT_FIELDS, Alert
 from policies.falco.engine import Match, RuleEngine
 from policies.falco.event import ContainerInfo, Event, MountInfo, mounts_from_spec
 from policies.falco.fields import default_registry
-from sandbox.errors import CorralError
-from sandbox.labels import OWNER_LABEL
-from workers.config import StackConfig, load_config
 from workers.directory import WORKFLOW_ID_FIELD
 from workers.sensor_delivery import AlertPoster, LocalEnforcer, RateLimiter
 

@@ -36,9 +36,9 @@ from typing import Any, Literal
 
 import aiohttp
 
+from contract.errors import CorralError, SandboxNotFound
 from policies.alert import Alert
 from policies.responses import Decision, ResponsePolicy
-from sandbox.errors import CorralError, SandboxNotFound
 
 log = logging.getLogger("corral.sensor.delivery")
 

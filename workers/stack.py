@@ -38,10 +38,10 @@ from pydantic import BaseModel
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from contract.config import StackConfig
+from contract.errors import CorralError, ImageNotFound
 from sandbox import BUSYBOX_IMAGE, Containerd, ContainerdDaemon, build_busybox_image
 from sandbox.daemon import unmount_under
-from sandbox.errors import CorralError, ImageNotFound
-from workers.config import StackConfig
 from workers.netns import Rig
 from workers.processes import ManagedProcess, pid_alive
 from workers.temporal import connect

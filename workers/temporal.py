@@ -17,9 +17,9 @@ from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from contract.config import StackConfig, TemporalConfig
+from contract.errors import CorralError
 from observability.tracing import temporal_tracing_interceptor
-from sandbox.errors import CorralError
-from workers.config import StackConfig, TemporalConfig
 
 # The SDK's core reports a failed connect as text (tonic's Debug output), not as
 # an RPCError: these pick the gRPC status and the TLS error out of it.

@@ -14,9 +14,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.capacity import node_capacity
-from activities.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
-from sandbox.errors import CorralError
-from workers.config import StackConfig
+from contract.config import StackConfig
+from contract.errors import CorralError
+from contract.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
 from workflows.admission import (
     ADMISSION_WORKFLOW_ID,
     AdmissionWorkflow,

@@ -14,7 +14,7 @@ import ssl
 import subprocess
 from pathlib import Path
 
-from sandbox.errors import CorralError
+from contract.errors import CorralError
 
 DEV_CERT_DAYS = 30
 

@@ -12,11 +12,11 @@ import signal
 from temporalio.worker import Worker
 
 from activities.placement import FleetActivities
+from contract.config import StackConfig, load_config
 from observability.extras import require_at_start
 from observability.metrics import setup_metrics, temporal_runtime_with_prometheus
 from observability.records import RecordWriter
 from observability.tracing import flush_tracing, setup_tracing
-from workers.config import StackConfig, load_config
 from workers.node_directory import NodeDirectory
 from workers.temporal import connect, workflow_runner
 from workflows.registry import WORKFLOWS

@@ -31,7 +31,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError, FailureError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
+    from contract.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
 
 ADMISSION_WORKFLOW_ID = "corral-admission"
 DECISION_SIGNAL = "admission"  # on EpisodeWorkflow

@@ -37,7 +37,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ExecRequest, ExecStepInput, StepResult
     from activities.node import NodeActivities
     from activities.toolcalls import (
         JobInfo,
@@ -53,17 +52,12 @@ with workflow.unsafe.imports_passed_through():
         ToolExecInput,
         ToolExecRequest,
     )
+    from contract.models import ExecRequest, ExecStepInput, StepResult
     from workflows.steps import lost_step, node_retry_policy, surfaced
 
-CALLS_SUFFIX = ".calls"
 # Continue-as-new well before Temporal's history limits (six events a call).
 MAX_CALLS_PER_RUN = 2000
 CLOSE_SIGNAL, HOLD_SIGNAL, RESUME_SIGNAL = "close", "hold", "resume"
-
-
-def calls_workflow_id(episode_id: str) -> str:
-    """The one id of an episode's calls workflow (a new run each time it starts)."""
-    return episode_id + CALLS_SUFFIX
 
 
 class CallsInput(BaseModel):

@@ -32,17 +32,14 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import EpisodeResult, StepResult
+    from contract.models import EpisodeResult, StepResult
     from workflows.episode_closing import EpisodeClosing
     from workflows.episode_files import EpisodeFiles
     from workflows.episode_requests import EpisodeRequests
     from workflows.episode_supervision import EpisodeSupervision
-    from workflows.episode_support import Killed, outcome_of, sandbox_id_for
+    from workflows.episode_support import Killed, outcome_of
     from workflows.models import EpisodeInput
     from workflows.steps import cause_message
-
-# `sandbox_id_for` is imported from here by the SDK's users and the tests.
-__all__ = ["EpisodeWorkflow", "sandbox_id_for"]
 
 
 @workflow.defn

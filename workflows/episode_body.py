@@ -12,8 +12,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ExecStepInput, Step, StepResult
     from activities.node import NodeActivities
+    from contract.models import ExecStepInput, Step, StepResult
     from workflows.episode_calls import EpisodeCalls
     from workflows.episode_support import CALLS_ON_NODE, IDLE_TIMER_REARMED, step_failed
     from workflows.steps import lost_step

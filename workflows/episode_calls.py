@@ -19,6 +19,7 @@ from temporalio.exceptions import (
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from contract.ids import calls_workflow_id
     from workflows.calls import (
         CLOSE_SIGNAL,
         HOLD_SIGNAL,
@@ -28,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
         CallsResult,
         EpisodeCallsWorkflow,
         HoldRequest,
-        calls_workflow_id,
     )
     from workflows.episode_hibernation import EpisodeHibernation
     from workflows.episode_support import CALLS_HOLD_AFTER_START, CALLS_LOG_WAIT_S

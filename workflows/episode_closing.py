@@ -13,8 +13,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import EpisodeResult, RecordEpisodeInput, StepResult, TeardownInput
     from activities.node import NodeActivities
+    from contract.models import EpisodeResult, RecordEpisodeInput, StepResult, TeardownInput
     from workflows.episode_calls import EpisodeCalls
     from workflows.episode_support import LATE_ALERTS, sensor_verdict
 

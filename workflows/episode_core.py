@@ -19,10 +19,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.workflow import ChildWorkflowHandle
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import Outcome, SandboxRef, StepResult
+    from contract.ids import sandbox_id_for
+    from contract.models import Outcome, SandboxRef, StepResult
     from workflows.admission import Admission
     from workflows.calls import CallsResult, EpisodeCallsWorkflow
-    from workflows.episode_support import MAX_STEPS_PER_RUN, sandbox_id_for
+    from workflows.episode_support import MAX_STEPS_PER_RUN
     from workflows.models import EpisodeInput, EpisodeState, KillOrder
     from workflows.steps import node_retry_policy
 

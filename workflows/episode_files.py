@@ -15,15 +15,6 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import (
-        FileContent,
-        ReadFileInput,
-        ReadFileRequest,
-        SnapshotRequest,
-        SnapshotResult,
-        WriteFileInput,
-        WriteFileRequest,
-    )
     from activities.node import NodeActivities
     from activities.toolcalls import (
         GetFileInput,
@@ -32,7 +23,16 @@ with workflow.unsafe.imports_passed_through():
         PutFileRequest,
         ToolCallActivities,
     )
-    from sandbox.blobs import FileBlob
+    from contract.models import (
+        FileBlob,
+        FileContent,
+        ReadFileInput,
+        ReadFileRequest,
+        SnapshotRequest,
+        SnapshotResult,
+        WriteFileInput,
+        WriteFileRequest,
+    )
     from workflows.episode_hibernation import EpisodeHibernation
     from workflows.steps import surfaced
 

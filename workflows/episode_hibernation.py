@@ -11,10 +11,10 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ProvisionInput, SnapshotInput, SnapshotResult, TeardownInput
     from activities.node import NodeActivities
     from activities.snapshots import SnapshotActivities
-    from sandbox.snapshot import snapshot_ref
+    from contract.ids import snapshot_ref
+    from contract.models import ProvisionInput, SnapshotInput, SnapshotResult, TeardownInput
     from workflows.episode_placement import EpisodePlacement
     from workflows.episode_support import PROVISION_ATTEMPTS
 

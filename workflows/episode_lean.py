@@ -11,8 +11,8 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ProvisionInput, RunScriptedInput, RunScriptedResult, StepResult
     from activities.node import NodeActivities
+    from contract.models import ProvisionInput, RunScriptedInput, RunScriptedResult, StepResult
     from workflows.episode_placement import EpisodePlacement
     from workflows.episode_support import (
         LEAN_MAX_OUTPUT_BYTES,

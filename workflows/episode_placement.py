@@ -12,15 +12,15 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import PlaceInput, Placement, ProvisionInput, WriteFileInput
     from activities.node import NodeActivities
-    from sandbox.labels import (
+    from contract.labels import (
         NODE_LABEL,
         OWNER_LABEL,
         RUN_ID_LABEL,
         TENANT_LABEL,
         USER_LABEL_PREFIX,
     )
+    from contract.models import PlaceInput, Placement, ProvisionInput, WriteFileInput
     from workflows.episode_support import (
         NODE_FULL_WAITS,
         PLACE_RETRY_S,

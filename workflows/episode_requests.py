@@ -15,7 +15,6 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ExecRequest, StepResult
     from activities.toolcalls import (
         JobInfo,
         JobInput,
@@ -30,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         ToolExecInput,
         ToolExecRequest,
     )
+    from contract.models import ExecRequest, StepResult
     from workflows.episode_body import EpisodeBody
     from workflows.steps import surfaced
 

@@ -13,19 +13,19 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import AlertSummary, NodeLostInput, StepResult
     from activities.node import NodeActivities
     from activities.placement import NODE_LOST_SIGNAL
+    from contract.ids import is_local_snapshot
+    from contract.models import AlertSummary, NodeLostInput, StepResult
+    from contract.search_attributes import ANOMALY_RULE
     from policies.alert import ANOMALY_SIGNAL
     from policies.responses import Decision
-    from sandbox.snapshot import is_local_snapshot
     from workflows.admission import AdmissionDecision
     from workflows.calls import HOLD_SIGNAL, RESUME_SIGNAL, HoldRequest
     from workflows.episode_calls import EpisodeCalls
     from workflows.episode_lean import EpisodeLean
     from workflows.episode_support import QUARANTINE_AFTER_BODY, Killed, settle
     from workflows.models import AnomalySignal, OnCallRequest
-    from workflows.search_attributes import ANOMALY_RULE
 
 
 class EpisodeSupervision(EpisodeCalls, EpisodeLean):

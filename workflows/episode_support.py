@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +14,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import FileSpec, StepResult, WriteFileRequest
+    from contract.models import FileSpec, StepResult, WriteFileRequest
     from workflows.models import KillOrder
 
 # States written to the EpisodeState search attribute (the SDK starts episodes
@@ -61,16 +60,6 @@ LEAN_PLACED_AGAIN = "lean-placed-again"
 CALLS_HOLD_AFTER_START = "calls-hold-after-start"
 # After the episode ends, wait this long for its calls workflow's step log.
 CALLS_LOG_WAIT_S = 30.0
-
-
-def sandbox_id_for(workflow_id: str) -> str:
-    """Deterministic sandbox id: a retried provision finds the same sandbox.
-
-    64 hex digits, like the container ids Falco's container plugin reports, so
-    `container.id` (the first 12) and `container.full_id` mean the same here
-    as under real Falco. The workflow id travels in the container's labels.
-    """
-    return hashlib.sha256(workflow_id.encode()).hexdigest()
 
 
 class Killed(Exception):

@@ -11,17 +11,17 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import EpisodeSpec, StepResult
-    from workflows.episode_core import EpisodeCore
-    from workflows.episode_support import VISIBLE_STATES
-    from workflows.models import EpisodeStatus
-    from workflows.search_attributes import (
+    from contract.models import EpisodeSpec, StepResult
+    from contract.search_attributes import (
         EPISODE_STATE,
         SANDBOX_ID,
         SANDBOX_IMAGE,
         SANDBOX_NODE,
         TENANT,
     )
+    from workflows.episode_core import EpisodeCore
+    from workflows.episode_support import VISIBLE_STATES
+    from workflows.models import EpisodeStatus
 
 
 class EpisodeView(EpisodeCore):

@@ -16,8 +16,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ReapInput, ReapResult
     from activities.node import NodeActivities
+    from contract.models import ReapInput, ReapResult
 
 
 class JanitorInput(BaseModel):

@@ -1,8 +1,8 @@
 """Inputs and state of Corral's workflows.
 
 The data shared with activities (the episode spec, step results, activity
-inputs) lives in `activities.models`, one layer down; import it from there
-(no re-exports: each model has one home).
+inputs) lives in the contract, `contract.models`; import it from there (no
+re-exports: each model has one home).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from activities.models import (
+from contract.models import (
     AdmissionPolicy,
     AlertSummary,
     EpisodeSpec,

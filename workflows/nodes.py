@@ -32,7 +32,7 @@ from temporalio.common import RetryPolicy
 from temporalio.service import RPCError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import NodeHeartbeat, NodeInfo, NodeLostInput, NodeRef
+    from contract.models import NodeHeartbeat, NodeInfo, NodeLostInput, NodeRef
 
 REGISTRY_WORKFLOW_ID = "corral-node-registry"  # shard 0 keeps the single registry's id
 # Every node, CLI and workflow worker must agree on this number (it is code, not

@@ -13,9 +13,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import ExecStepInput, StepResult
-    from activities.node import interrupted_step
+    from activities.step_exec import interrupted_step
     from contract.errors import kinds_where
+    from contract.models import ExecStepInput, StepResult
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast, get_args
 
-from activities.models import EpisodeResult, EpisodeSpec, Outcome
+from contract.models import EpisodeResult, EpisodeSpec, Outcome
 from corral.env import reward_of
 from corral.errors import EpisodeError
 from corral.sdk import Episode, parse_spec

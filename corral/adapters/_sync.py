@@ -12,8 +12,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from contract.config import StackConfig
 from corral.sdk import Corral
-from workers.config import StackConfig
 
 T = TypeVar("T")
 

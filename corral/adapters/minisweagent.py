@@ -27,11 +27,11 @@ require("minisweagent", "minisweagent")
 from minisweagent.exceptions import InterruptAgentFlow, Submitted  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from activities.models import EpisodeResult, EpisodeSpec, StepResult  # noqa: E402
+from contract.config import StackConfig  # noqa: E402
+from contract.models import EpisodeResult, EpisodeSpec, StepResult  # noqa: E402
 from corral.adapters._episodes import end_episode, interactive_spec, reward_of  # noqa: E402
 from corral.adapters._sync import SyncCorral, shared  # noqa: E402
 from corral.errors import CorralError, EpisodeRejected  # noqa: E402
-from workers.config import StackConfig  # noqa: E402
 
 __all__ = ["CorralEnvironment", "CorralEnvironmentConfig"]
 

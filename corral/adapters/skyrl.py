@@ -35,10 +35,10 @@ from skyrl_gym.envs.base_text_env import (  # noqa: E402
     ConversationType,
 )
 
+from contract.config import StackConfig, load_config  # noqa: E402
 from corral.adapters._sync import shared  # noqa: E402
 from corral.env import Action, CorralEnv, Info, Task  # noqa: E402
 from corral.errors import InvalidEpisodeSpec  # noqa: E402
-from workers.config import StackConfig, load_config  # noqa: E402
 
 __all__ = ["ENV_ID", "CorralTextEnv", "parse_text_action", "register"]
 

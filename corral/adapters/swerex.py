@@ -60,7 +60,8 @@ from swerex.runtime.abstract import (  # noqa: E402
     WriteFileResponse,
 )
 
-from activities.models import (  # noqa: E402
+from contract.config import StackConfig  # noqa: E402
+from contract.models import (  # noqa: E402
     EpisodeResult,
     EpisodeSpec,
     Outcome,
@@ -69,7 +70,6 @@ from activities.models import (  # noqa: E402
 from corral.adapters._episodes import end_episode, interactive_spec  # noqa: E402
 from corral.errors import CorralError, EpisodeFileNotFound  # noqa: E402
 from corral.sdk import Corral, Episode  # noqa: E402
-from workers.config import StackConfig  # noqa: E402
 
 __all__ = ["CorralDeployment", "CorralRuntime"]
 

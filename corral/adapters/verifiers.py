@@ -23,7 +23,8 @@ require("verifiers", "verifiers")
 
 import verifiers as vf  # noqa: E402
 
-from activities.models import EpisodeSpec  # noqa: E402
+from contract.config import StackConfig  # noqa: E402
+from contract.models import EpisodeSpec  # noqa: E402
 from corral.adapters._episodes import end_episode, interactive_spec, reward_of  # noqa: E402
 from corral.env import observe  # noqa: E402
 from corral.errors import (  # noqa: E402
@@ -33,7 +34,6 @@ from corral.errors import (  # noqa: E402
     InvalidEpisodeSpec,
 )
 from corral.sdk import Corral, Episode  # noqa: E402
-from workers.config import StackConfig  # noqa: E402
 
 __all__ = ["CorralSandboxEnv", "corral_reward"]
 

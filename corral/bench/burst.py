@@ -22,11 +22,11 @@ from typing import Protocol
 from pydantic import BaseModel
 from temporalio.service import RPCError
 
-from activities.models import EpisodeSpec
+from contract.config import StackConfig
+from contract.errors import CorralError
+from contract.models import EpisodeSpec
 from corral.bench.engines import Engine, EngineUnavailable, docker_engine
 from corral.sdk import Corral, Episode
-from sandbox.errors import CorralError
-from workers.config import StackConfig
 
 DEFAULT_IN_FLIGHT = 64
 MAX_REASONS = 3

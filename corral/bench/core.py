@@ -19,13 +19,13 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from activities.models import EpisodeSpec, Resources, Step
 from activities.pool import WarmPool, pool_template
+from contract.config import StackConfig
+from contract.labels import BENCH_LABEL, OWNER_LABEL
+from contract.models import EpisodeSpec, Resources, Step
 from corral.bench.elastic import RatePoint, create_idle, destroy_all
 from corral.sdk import Corral
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
-from sandbox.labels import BENCH_LABEL, OWNER_LABEL
-from workers.config import StackConfig
 
 
 class EpisodeMeter(Protocol):

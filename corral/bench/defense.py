@@ -22,12 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contract.config import StackConfig
+from contract.labels import BENCH_LABEL
 from corral.bench.core import _memory_used_mb, _percentile, _ratio
 from corral.bench.elastic import destroy_all
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
-from sandbox.labels import BENCH_LABEL
 from sandbox.spec import cgroups_path
-from workers.config import StackConfig
 
 OFF: dict[str, Any] = {"user_namespace": False, "disk_mb": None, "io_bps_mb": None, "io_iops": None}
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -37,7 +37,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from activities.models import EpisodeResult
+from contract.config import StackConfig
+from contract.errors import CorralError
+from contract.ids import sandbox_id_for
+from contract.models import EpisodeResult
 from corral.bench.drill_cases import (
     BENIGN,
     BENIGN_BAD_PRIORITIES,
@@ -49,9 +52,6 @@ from corral.bench.drill_cases import (
 from corral.env import Task, run_group
 from corral.errors import EpisodeError, EpisodeQuarantined
 from corral.sdk import Corral, Episode
-from sandbox.errors import CorralError
-from workers.config import StackConfig
-from workflows.episode import sandbox_id_for
 from workflows.models import EpisodeStatus
 
 BENIGN_JOB = "benign"

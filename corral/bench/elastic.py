@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
+from contract.config import StackConfig
+from contract.labels import BENCH_LABEL
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
 from sandbox.cgroups import IDLE_SHARES, ElasticCpu
-from sandbox.labels import BENCH_LABEL
 from sandbox.sandbox import Sandbox
-from workers.config import StackConfig
 
 # One step of the busy loop: about 50-100 ms of one core in busybox sh here.
 CPU_STEP = "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"

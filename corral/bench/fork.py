@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contract.config import StackConfig
 from corral.sdk import Corral, Episode
-from workers.config import StackConfig
 
 GROUPS = (8, 32)  # children per fork, each measured every round
 HIBERNATE_AFTER_S = 1.0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from contract.config import StackConfig
 from corral.bench.core import SPACED_SERIES, BenchReport, Series, _measure, _ratio, run_bench
 from corral.bench.engines import (
     PEER_IMAGE,
@@ -31,7 +32,6 @@ from corral.bench.engines import (
     podman_engine,
 )
 from sandbox import BUSYBOX_IMAGE
-from workers.config import StackConfig
 from workers.stack import Stack
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -45,6 +45,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contract.config import StackConfig
+from contract.errors import CorralError
+from contract.labels import BENCH_LABEL
 from corral.bench.peers import _process_cpu_s
 from policies.falco.engine import RuleEngine
 from policies.falco.event import ContainerInfo, Event
@@ -56,9 +59,6 @@ from policies.sensor.cgroups import DictResolver, parent_dir
 from policies.sensor.prefilter import Prefilter, needs_exe_details
 from policies.sensor.sensor import Sensor
 from sandbox import BUSYBOX_IMAGE, Containerd, SandboxSpec
-from sandbox.errors import CorralError
-from sandbox.labels import BENCH_LABEL
-from workers.config import StackConfig
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct/corral")
 HEADER_RECORDS = frozenset({pg.REC_SYSCALL, pg.REC_EXEC_ENTER, pg.REC_EXEC_EXIT, pg.REC_FORK,

@@ -39,18 +39,18 @@ from pathlib import Path
 from pydantic import BaseModel
 from temporalio.service import RPCError, RPCStatusCode
 
+from contract.config import StackConfig
+from contract.ids import calls_workflow_id
+from contract.labels import BENCH_LABEL
 from corral.bench.core import _percentile, _ratio
 from corral.bench.engines import PEER_IMAGE, EngineUnavailable, docker_engine
 from corral.bench.peers import CpuMeter, _busy_cpu_s
 from corral.sdk import Corral, Episode
 from sandbox.agent import agent_binary
 from sandbox.client import Containerd
-from sandbox.labels import BENCH_LABEL
 from sandbox.models import SandboxSpec
 from sandbox.oci_archive import build_busybox_image
 from sandbox.sandbox import Sandbox
-from workers.config import StackConfig
-from workflows.calls import calls_workflow_id
 
 NAMESPACE = "corral-bench-steps"  # the sandbox-layer and ctr sides' own namespace
 SINGLE_CALLS = 20  # the one-at-a-time series on an otherwise idle sandbox

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from contract.config import StackConfig
 from corral.sdk import Corral
-from workers.config import StackConfig
 
 
 class WatermarkReport(BaseModel):

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.config import StackConfig
+from contract.errors import CorralError
+from contract.ids import resolve_image_name
+from contract.labels import PARENT_EPISODE_LABEL
 from sandbox.client import Containerd
-from sandbox.errors import CorralError
-from sandbox.images import resolve_image_name
-from sandbox.labels import PARENT_EPISODE_LABEL
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import build_busybox_image
 from sandbox.registry import credentials_from, registry_options
 from sandbox.transfer import push_image as _push
-from workers.config import StackConfig
 
 # (layer digest, bytes done, bytes total): what a pull or push reports per layer.
 LayerReport = Callable[[str, int, int], None]

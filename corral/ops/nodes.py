@@ -15,9 +15,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.capacity import headroom
-from activities.models import NodeInfo
-from sandbox.errors import CorralError
-from workers.config import StackConfig
+from contract.config import StackConfig
+from contract.errors import CorralError
+from contract.models import NodeInfo
 from workers.stack import Stack, StackStatus
 from workers.temporal import connect
 from workflows import nodes as registry

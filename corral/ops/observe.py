@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from activities.models import EpisodeResult
+from contract.config import StackConfig
+from contract.models import EpisodeResult
 from observability.extras import MissingExtra, require
 from observability.metrics import BIND_HOST
 from observability.prometheus import ScrapeTarget, prometheus_yaml
 from observability.report_models import ReportSummary
-from workers.config import StackConfig
 
 __all__ = [
     "MissingExtra",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from contract.config import StackConfig
 from policies.falco.engine import Ruleset
 from policies.falco.explain import Explanation
 from policies.falco.explain import explain_rule as _explain
@@ -15,7 +16,6 @@ from policies.falco.validate import ValidationReport, validate_files
 from policies.responses import load_responses
 from policies.runner import run_cases
 from policies.testcases import CaseResult
-from workers.config import StackConfig
 
 __all__ = [
     "CaseResult",

@@ -10,11 +10,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract.config import StackConfig, describe_validation_error
+from contract.errors import CorralError
+from contract.ids import resolve_image_name
 from corral.ops.images import node_client
-from sandbox.errors import CorralError
-from sandbox.images import resolve_image_name
 from sandbox.models import ExecResult, SandboxSpec
-from workers.config import StackConfig, describe_validation_error
 
 
 class InvalidSandbox(CorralError):

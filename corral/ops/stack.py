@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
+from contract.config import StackConfig
 from corral.headline import headline_figures
-from workers.config import StackConfig
 from workers.stack import Stack, StackStatus
 
 Say = Callable[[str], None]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.config import StackConfig
+from contract.config import StackConfig
 from workers.temporal import connect
 from workers.tenants import tenant_usage
 from workflows.admission import TenantUsage

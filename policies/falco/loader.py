@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from contract.errors import CorralError
 from contract.priority import Priority
-from sandbox.errors import CorralError
 
 SYSCALL_SOURCE = "syscall"
 

@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 from cli_helpers import corral, processes_of
 
-from activities.models import EpisodeResult
+from contract.models import EpisodeResult
 from tests.net import listening
 
 pytestmark = pytest.mark.integration

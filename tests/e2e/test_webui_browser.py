@@ -27,11 +27,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from contract.config import StackConfig, load_config
 from corral import Corral, Episode
 from tests.integration import conftest as integration
 from tests.integration.conftest import REPO, wait_for
 from tests.net import free_port
-from workers.config import StackConfig, load_config
 from workers.stack import Stack
 
 pytestmark = [

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from contract.config import StackConfig, load_config
 from corral.sdk import Corral
 from sandbox import Containerd
-from workers.config import StackConfig, load_config
 from workers.stack import Stack
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import SandboxError, SandboxNotFound
 from sandbox.agent import AgentChannel
 from sandbox.client import Containerd
-from sandbox.errors import SandboxError, SandboxNotFound
 from sandbox.sandbox import Sandbox
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture

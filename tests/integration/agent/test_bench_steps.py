@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 
+from contract.config import StackConfig
 from corral.bench.steps import NAMESPACE, run_steps
 from sandbox.client import Containerd
-from workers.config import StackConfig
 from workers.stack import Stack
 
 SANDBOXES, CALLS = 2, 3

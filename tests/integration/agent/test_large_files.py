@@ -21,12 +21,12 @@ from activities.toolcalls import (
     PutFileRequest,
     ToolCallActivities,
 )
+from contract.config import RegistryConfig
 from corral.sdk import Corral
 from sandbox.blobs import files_repository, pull_bytes, push_bytes
 from sandbox.client import Containerd
 from sandbox.registry import RegistryOptions
 from sandbox.sandbox import Sandbox
-from workers.config import RegistryConfig
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
 SIZE = 50 * 1024 * 1024

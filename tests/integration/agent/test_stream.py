@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from activities.toolcalls import JobInput, JobRequest, SpawnInput, SpawnRequest, ToolCallActivities
+from contract.config import StackConfig
 from corral.sdk import Corral, Episode, Job
 from sandbox.client import Containerd
 from sandbox.sandbox import Sandbox
 from tests.integration.conftest import require_stack_agent
-from workers.config import StackConfig
 
 MakeSandbox = Callable[..., Awaitable[Sandbox]]  # the make_agent_sandbox fixture
 BOUND_S = 120.0

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
+from contract.config import StackConfig
 from corral.bench.burst import describe, run_burst
-from workers.config import StackConfig
 from workers.stack import Stack
 
 pytestmark = pytest.mark.integration

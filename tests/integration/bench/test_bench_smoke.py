@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
+from contract.config import StackConfig
 from corral.bench.core import SPACED_SERIES, Series
 from corral.bench.peers import DOCKER_PEER, PODMAN_PEER, PeersReport, describe_peers, run_peers
 from sandbox import Containerd
 from tests.integration.conftest import wait_for
-from workers.config import StackConfig
 from workers.stack import Stack
 
 pytestmark = pytest.mark.integration

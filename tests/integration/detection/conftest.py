@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from contract.config import StackConfig, load_config
+from contract.labels import POOL_LABEL
 from corral.sdk import Corral
 from sandbox import Containerd
-from sandbox.labels import POOL_LABEL
 from tests.integration.conftest import REPO, TEST_ENV, wait_for
-from workers.config import StackConfig, load_config
 from workers.stack import Stack
 
 EXTRA_OFFSET = int(os.environ.get("CORRAL_DETECTION_PORT_OFFSET", "600"))

@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from contract.ids import resolve_image_name
 from corral.bench.drill import BENIGN_JOB, Drill, Job, RunRecord, benign_job
 from corral.bench.drill_cases import CASES, PATHS, Case, runnable_cases
 from corral.sdk import Corral
-from sandbox.images import resolve_image_name
 from tests.integration.conftest import wait_for
 from workflows.nodes import list_nodes
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from activities.models import StepResult
+from contract.ids import sandbox_id_for
+from contract.models import StepResult
 from corral.sdk import Corral
 from tests.fake_openai import FakeOpenAI
-from workflows.episode import sandbox_id_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from contract.ids import sandbox_id_for
 from corral.sdk import Corral
-from workflows.episode import sandbox_id_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

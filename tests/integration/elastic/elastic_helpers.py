@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from activities.models import EpisodeSpec, ProvisionInput
+from contract.models import EpisodeSpec, ProvisionInput
 
 
 def provision_input(spec: EpisodeSpec) -> ProvisionInput:

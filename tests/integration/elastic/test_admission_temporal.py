@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
+from contract.models import AdmissionPolicy, ClusterRoom, EpisodeSpec, TenantConfig
 from workers.temporal import workflow_runner
 from workflows.admission import (
     ADMISSION_WORKFLOW_ID,

@@ -15,7 +15,8 @@ import pytest
 import pytest_asyncio
 from elastic_helpers import provision_input
 
-from activities.models import (
+from activities.node import NodeActivities
+from contract.models import (
     EpisodeSpec,
     ExecStepInput,
     ReadFileInput,
@@ -26,7 +27,6 @@ from activities.models import (
     WriteFileInput,
     WriteFileRequest,
 )
-from activities.node import NodeActivities
 from sandbox import Containerd
 from sandbox.cgroups import IDLE_SHARES, read_shares
 from tests.integration.conftest import wait_for

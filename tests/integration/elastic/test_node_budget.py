@@ -9,8 +9,8 @@ from elastic_helpers import provision_input
 from temporalio.exceptions import ApplicationError
 
 from activities.capacity import node_capacity
-from activities.models import EpisodeSpec, NodeCapacity, Resources, TeardownInput
 from activities.node import NodeActivities
+from contract.models import EpisodeSpec, NodeCapacity, Resources, TeardownInput
 from sandbox import Containerd
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from activities.models import EpisodeSpec, TenantConfig
+from contract.errors import CorralError
+from contract.models import EpisodeSpec, TenantConfig
 from corral.errors import EpisodeError, EpisodeNotAdmitted
 from corral.sdk import Corral, Episode
-from sandbox.errors import CorralError
 from workers.stack import Stack
 
 pytestmark = pytest.mark.integration

@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
+from contract.config import StackConfig
+from contract.labels import OWNER_LABEL
 from sandbox import Containerd
-from sandbox.labels import OWNER_LABEL
-from workers.config import StackConfig
 
 
 async def sandbox_ids(config: StackConfig) -> dict[str, set[str]]:

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from episode_helpers import eventually, sandbox_ids
 
+from contract.config import StackConfig
 from corral.sdk import Corral
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

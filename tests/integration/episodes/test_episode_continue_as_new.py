@@ -13,10 +13,10 @@ import pytest
 from episode_helpers import sandbox_exists
 from temporalio.api.enums.v1 import EventType
 
+from contract.config import StackConfig
+from contract.ids import calls_workflow_id, sandbox_id_for
 from corral.sdk import Corral, Episode, parse_spec
-from workers.config import StackConfig
-from workflows.calls import calls_workflow_id
-from workflows.episode import EpisodeWorkflow, sandbox_id_for
+from workflows.episode import EpisodeWorkflow
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from episode_helpers import eventually, sandbox_exists
 
-from activities.models import StepResult
+from contract.config import StackConfig
+from contract.models import StepResult
 from corral.sdk import Corral, Episode
 from tests.integration.conftest import require_stack_agent
-from workers.config import StackConfig
 from workers.processes import wait_exit
 from workers.stack import Stack
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from episode_helpers import eventually, sandbox_exists
 
+from contract.config import StackConfig
 from corral.errors import EpisodeKilled
 from corral.sdk import Corral, Episode
 from policies.alert import ANOMALY_SIGNAL
 from tests.alerts import anomaly_signal
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,8 @@ import pytest
 from episode_helpers import eventually, sandbox_exists, sandboxes_of
 from temporalio.client import WorkflowExecutionStatus
 
+from contract.config import StackConfig
+from contract.ids import sandbox_id_for
 from corral.errors import (
     EpisodeCancelled,
     EpisodeKilled,
@@ -16,8 +18,6 @@ from corral.errors import (
     EpisodeTimedOut,
 )
 from corral.sdk import Corral
-from workers.config import StackConfig
-from workflows.episode import sandbox_id_for
 from workflows.nodes import list_nodes
 
 pytestmark = pytest.mark.integration

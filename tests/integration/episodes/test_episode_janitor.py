@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from episode_helpers import eventually, sandbox_exists
 
+from contract.config import StackConfig
 from corral.errors import EpisodeTerminated
 from corral.sdk import Corral
-from workers.config import StackConfig
 from workers.stack import JANITOR_SCHEDULE_ID
 from workflows.janitor import JanitorInput, JanitorWorkflow
 

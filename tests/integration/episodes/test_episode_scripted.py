@@ -9,10 +9,10 @@ from episode_helpers import eventually, sandbox_exists
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from contract.config import StackConfig
+from contract.ids import sandbox_id_for
 from corral.errors import EpisodeFailed, InvalidEpisodeSpec
 from corral.sdk import Corral, parse_spec
-from workers.config import StackConfig
-from workflows.episode import sandbox_id_for
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from contract.config import StackConfig
+from contract.labels import SERVICE_OF_LABEL
 from corral import Corral
 from corral.errors import EpisodeFailed, InvalidEpisodeSpec
-from sandbox.labels import SERVICE_OF_LABEL
 from tests.integration.conftest import wait_for
 from tests.integration.episodes.episode_helpers import labelled
-from workers.config import StackConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

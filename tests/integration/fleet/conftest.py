@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from contract.config import StackConfig, load_config
 from corral.sdk import Corral
 from tests.integration.conftest import sandboxes_left
-from workers.config import StackConfig, load_config
 from workers.netns import Rig
 from workers.stack import Stack
 

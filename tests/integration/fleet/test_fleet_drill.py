@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from activities.models import EpisodeResult
+from contract.models import EpisodeResult
 from corral.errors import CorralError, EpisodeError
 from corral.sdk import Corral, Episode
 from sandbox import Containerd

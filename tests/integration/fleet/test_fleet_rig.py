@@ -16,15 +16,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from contract.errors import ContainerdUnavailable, CorralError
+from contract.ids import sandbox_id_for
 from corral.errors import EpisodeError
 from corral.sdk import Corral, Episode
 from policies.alert import make_alert
 from sandbox import Containerd
-from sandbox.errors import ContainerdUnavailable, CorralError
 from tests.integration.conftest import wait_for
 from workers.netns import Rig
 from workers.stack import Stack
-from workflows.episode import sandbox_id_for
 from workflows.nodes import forget_node, list_nodes
 
 pytestmark = pytest.mark.integration

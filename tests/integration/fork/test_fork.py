@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from episode_helpers import eventually, sandbox_exists
 
+from contract.config import StackConfig
+from contract.ids import snapshot_ref
 from corral.errors import InvalidEpisodeSpec
 from corral.sdk import Corral, Episode
 from sandbox.client import Containerd
-from sandbox.snapshot import snapshot_ref
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

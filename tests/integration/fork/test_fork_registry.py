@@ -13,12 +13,12 @@ import pytest
 from episode_helpers import sandbox_exists
 from registry_helpers import RegistryServer
 
-from activities.models import SnapshotInput
 from activities.snapshots import SnapshotActivities
+from contract.config import StackConfig
+from contract.models import SnapshotInput
 from corral.sdk import Corral
 from sandbox import Containerd
 from sandbox.registry import RegistryOptions
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ from contextlib import AsyncExitStack
 import pytest
 from episode_helpers import sandbox_exists
 
+from contract.config import StackConfig
 from corral.errors import EpisodeError
 from corral.sdk import Corral, Episode
 from sandbox.client import Containerd
 from sandbox.snapshot_gc import collect_snapshots
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

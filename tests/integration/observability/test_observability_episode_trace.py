@@ -10,10 +10,10 @@ import uuid
 import polars as pl
 import pytest
 
-from activities.models import EpisodeSpec
+from contract.config import StackConfig
+from contract.models import EpisodeSpec
 from corral.sdk import Corral
 from observability.tracing import flush_tracing, read_spans
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

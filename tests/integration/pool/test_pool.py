@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from activities.models import EpisodeSpec, ProvisionInput, Resources, TeardownInput
 from activities.node import NodeActivities
 from activities.pool import WarmPool, pool_template
+from contract.config import StackConfig
+from contract.labels import POOL_LABEL
+from contract.models import EpisodeSpec, ProvisionInput, Resources, TeardownInput
 from sandbox import Containerd
-from sandbox.labels import POOL_LABEL
-from workers.config import StackConfig
 from workers.stack import Stack
 
 pytestmark = pytest.mark.integration

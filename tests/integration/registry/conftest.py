@@ -22,13 +22,13 @@ import pytest
 import pytest_asyncio
 from registry_helpers import RegistryServer
 
+from contract.config import StackConfig
+from contract.errors import ImageNotFound
 from sandbox import Containerd
-from sandbox.errors import ImageNotFound
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import build_busybox_image
 from sandbox.registry import Credentials, RegistryOptions
 from tests.net import free_port
-from workers.config import StackConfig
 from workers.stack import Stack
 
 BUSYBOX = "corral.local/registry-tests-busybox:latest"

@@ -12,8 +12,8 @@ import uuid
 import pytest
 from registry_helpers import RegistryServer, push_marked, run_once
 
+from contract.labels import LAST_USED_LABEL
 from sandbox import Containerd, SandboxSpec
-from sandbox.labels import LAST_USED_LABEL
 from sandbox.registry import (
     Credentials,
     ImagePullFailed,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import ContainerdUnavailable
 from sandbox.client import Containerd
 from sandbox.daemon import ContainerdDaemon
-from sandbox.errors import ContainerdUnavailable
 from sandbox.models import SandboxEvent, SandboxSpec
 from sandbox.oci_archive import build_busybox_image
 from sandbox.sandbox import Sandbox

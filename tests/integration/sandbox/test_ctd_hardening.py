@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from contract.errors import InvalidSpec
 from sandbox.client import Containerd, crun_blocker
 from sandbox.daemon import ContainerdDaemon
-from sandbox.errors import InvalidSpec
 from sandbox.models import SandboxSpec
 from sandbox.sandbox import Sandbox
 from sandbox.spec import EXEC_OOM_SCORE_ADJ, INIT_OOM_SCORE_ADJ, MASKED_PATHS
@@ -152,7 +152,7 @@ async def test_sigterm_stops_sandbox_and_teardown_works(
 
 
 async def test_bad_command_fails_create_under_the_init(ctd: Containerd) -> None:
-    from sandbox.errors import SandboxStartFailed
+    from contract.errors import SandboxStartFailed
 
     spec = SandboxSpec(image="busybox", command=["no-such-binary"])
     with pytest.raises(SandboxStartFailed, match="no-such-binary"):

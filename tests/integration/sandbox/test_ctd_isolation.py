@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import SandboxPaused
 from sandbox.client import Containerd
-from sandbox.errors import SandboxPaused
 from sandbox.models import SandboxEvent
 from sandbox.sandbox import Sandbox
 

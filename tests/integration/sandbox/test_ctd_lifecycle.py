@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.client import Containerd
-from sandbox.errors import (
+from contract.errors import (
     ImageNotFound,
     InvalidSpec,
     SandboxError,
     SandboxNotFound,
     SandboxStartFailed,
 )
-from sandbox.images import resolve_image_name
+from contract.ids import resolve_image_name
+from sandbox.client import Containerd
 from sandbox.models import ImageInfo, SandboxSpec
 from sandbox.sandbox import Sandbox
 

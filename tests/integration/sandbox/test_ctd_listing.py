@@ -8,9 +8,9 @@ import uuid
 
 from google.protobuf import any_pb2
 
+from contract.labels import SANDBOX_LABEL
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
 from sandbox.client import SPEC_TYPE_URL, Containerd
-from sandbox.labels import SANDBOX_LABEL
 
 RECORDS = 80
 SPEC_BYTES = 256 * 1024  # 80 x 256 KiB = 20 MiB of records, over the 16 MiB limit

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from netns_server import server_namespace, sh
 
-from sandbox.errors import NetworkError
+from contract.errors import NetworkError
 from sandbox.network import (
     TABLE,
     EgressRule,

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import ImageBuildError
 from sandbox.debian import (
     build_debian_image,
     build_debian_rootfs,
     make_layer_from_dir,
     write_debian_archive,
 )
-from sandbox.errors import ImageBuildError
 
 pytestmark = [
     pytest.mark.integration,

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from netns_server import server_namespace, sh
 
+from contract.errors import NetworkError, SandboxStartFailed
 from sandbox import network
 from sandbox.client import Containerd
-from sandbox.errors import NetworkError, SandboxStartFailed
 from sandbox.models import ImageInfo, SandboxSpec
 from sandbox.sandbox import Sandbox
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.labels import SANDBOX_LABEL
 from sandbox import userns
 from sandbox._gen.containerd.api.services.snapshots.v1 import snapshots_pb2
 from sandbox.client import Containerd
-from sandbox.labels import SANDBOX_LABEL
 from sandbox.models import ImageInfo
 from sandbox.sandbox import Sandbox
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from contract.labels import TENANT_LABEL
 from sandbox.client import SHIM_GROUP_LABEL, Containerd
 from sandbox.daemon import ContainerdDaemon
-from sandbox.labels import TENANT_LABEL
 from sandbox.models import ImageInfo, SandboxSpec
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import InvalidSpec
 from sandbox import userns
 from sandbox.client import Containerd
 from sandbox.daemon import ContainerdDaemon
-from sandbox.errors import InvalidSpec
 from sandbox.models import ImageInfo, SandboxSpec
 from sandbox.quota import SNAPSHOTTER_DIR
 from sandbox.sandbox import Sandbox

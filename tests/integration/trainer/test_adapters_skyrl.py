@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import skyrl_gym
 
+from contract.config import StackConfig
 from corral import Corral
 from corral.adapters.skyrl import CorralTextEnv, parse_text_action, register
 from corral.errors import InvalidEpisodeSpec
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

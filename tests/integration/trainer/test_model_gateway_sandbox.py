@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from activities.models import ModelCall
+from contract.models import ModelCall
 from corral import Corral
 from corral.env import CorralEnv, Task
 from corral.errors import InvalidEpisodeSpec

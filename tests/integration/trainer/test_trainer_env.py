@@ -10,10 +10,10 @@ from types import ModuleType
 
 import pytest
 
+from contract.config import StackConfig
 from corral import Corral
 from corral.env import CorralEnv, Rollout, SyncCorralEnv, Task, run_group
 from corral.errors import CorralError
-from workers.config import StackConfig
 
 pytestmark = pytest.mark.integration
 

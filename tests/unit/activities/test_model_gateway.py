@@ -19,8 +19,8 @@ import pytest
 
 from activities.gateway import NodeGateway
 from activities.gateway_stream import StreamAssembly
-from activities.models import ModelGateway
-from sandbox.errors import NetworkError
+from contract.errors import NetworkError
+from contract.models import ModelGateway
 from sandbox.loopback import listen_in_netns
 from tests.fake_openai import FakeOpenAI
 

@@ -26,7 +26,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.foreground import Foreground
 from activities.gateway import NodeGateway
-from activities.models import (
+from activities.node import NodeActivities
+from activities.pool import WarmPool
+from activities.sensorwatch import SensorWatch
+from activities.step_exec import INTERRUPTED_EXIT_CODE
+from activities.toolcalls import ToolCallActivities, ToolExecInput, ToolExecRequest
+from contract.labels import OWNER_LABEL, POOL_LABEL, SERVICE_OF_LABEL
+from contract.models import (
     EpisodeSpec,
     ExecStepInput,
     NodeCapacity,
@@ -42,15 +48,9 @@ from activities.models import (
     WriteFileInput,
     WriteFileRequest,
 )
-from activities.node import NodeActivities
-from activities.pool import WarmPool
-from activities.sensorwatch import SensorWatch
-from activities.step_exec import INTERRUPTED_EXIT_CODE
-from activities.toolcalls import ToolCallActivities, ToolExecInput, ToolExecRequest
 from sandbox.client import Containerd
 from sandbox.fake import FakeCall, FakeImages, FakePulls, FakeRuntime, FakeSandbox
 from sandbox.images import ImageStore
-from sandbox.labels import OWNER_LABEL, POOL_LABEL, SERVICE_OF_LABEL
 from sandbox.models import ExecResult, SandboxSpec
 from sandbox.runtime import RuntimeImages, RuntimePulls, RuntimeSandbox, SandboxRuntime
 from sandbox.sandbox import Sandbox

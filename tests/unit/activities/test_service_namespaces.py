@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from activities.models import EpisodeSpec
 from activities.services import _append_hosts
+from contract.models import EpisodeSpec
 from sandbox.models import SandboxSpec
 from sandbox.spec import build_oci_spec
 from sandbox.userns import IdMapping

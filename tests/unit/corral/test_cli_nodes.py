@@ -13,10 +13,10 @@ from pydantic import SecretStr
 from temporalio.client import TLSConfig
 from test_corral_cli import assert_one_line_error, run_cli
 
+from contract.config import load_config
 from policies.alert import make_alert
 from policies.responses import Decision
 from sandbox.network import SANDBOX_RANGE
-from workers.config import load_config
 from workers.directory import WORKFLOW_ID_FIELD, EpisodeDirectory
 from workers.intake import IntakeConfigError, IntakeSettings, TemporalDelivery, _ssl
 from workers.netns import RIG_RANGE, Rig, node_host_number

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from activities.models import EpisodeSpec
+from contract.models import EpisodeSpec
 from corral.cli_episodes import spec as spec_group
 from corral.compose import ComposeError, spec_from_compose
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.models import EpisodeResult
+from contract.models import EpisodeResult
 from corral.cli_common import shell_join
 from corral.cli_episodes import batch_summary
 from corral.cli_tools import parse_since

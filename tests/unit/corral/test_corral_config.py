@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.config import ConfigError, load_config
+from contract.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[3]
 

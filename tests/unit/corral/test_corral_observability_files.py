@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from contract.config import load_config
 from corral.ops.observe import stack_targets
 from observability.prometheus import prometheus_yaml
-from workers.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "observability" / "grafana" / "corral.json"

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from contract.config import ConfigError, load_config
+from contract.errors import ContainerdUnavailable
 from observability.metrics import parse_metrics, setup_metrics
-from sandbox.errors import ContainerdUnavailable
 from workers import node_worker
-from workers.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[3]
 

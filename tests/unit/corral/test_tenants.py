@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from activities.capacity import NodeBudgetConfig
-from activities.models import EpisodeSpec, TenantConfig
-from workers.config import StackConfig, load_config
+from contract.config import StackConfig, load_config
+from contract.models import EpisodeSpec, TenantConfig
 from workers.tenants import TenantRuleViolation, cluster_room, prepare_for_tenant
 
 
@@ -56,7 +56,7 @@ def test_tenants_load_from_the_stack_config(tmp_path: Path) -> None:
 
 
 def test_a_bad_tenant_entry_is_one_clear_error(tmp_path: Path) -> None:
-    from workers.config import ConfigError
+    from contract.config import ConfigError
 
     path = tmp_path / "corral.yaml"
     path.write_text("tenants:\n  research: {max_episode: 4}\n")

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 import pytest
 from alert_bodies import CID, FULL, encode, falco_body, sidekick_body
 
+from contract.errors import CorralError
 from contract.priority import Priority
 from policies.alert import (
     ANOMALY_SIGNAL,
@@ -14,7 +15,6 @@ from policies.alert import (
     make_alert,
     parse_alert,
 )
-from sandbox.errors import CorralError
 
 
 def test_falco_http_output_body() -> None:

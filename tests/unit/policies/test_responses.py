@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from alert_bodies import CID
 
+from contract.errors import CorralError
 from policies.alert import Alert, make_alert
 from policies.responses import (
     DEFAULT_RESPONSES,
@@ -14,7 +15,6 @@ from policies.responses import (
     load_responses,
     parse_responses,
 )
-from sandbox.errors import CorralError
 
 
 def alert(

@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 
+from contract.errors import ExecFailed, FileNotFound, SandboxError
 from sandbox.agent import (
     HEADER,
     MAGIC,
@@ -16,7 +17,6 @@ from sandbox.agent import (
     _error_of,
     encode_frame,
 )
-from sandbox.errors import ExecFailed, FileNotFound, SandboxError
 
 
 def test_a_frame_is_header_meta_data() -> None:
@@ -99,7 +99,7 @@ def test_with_the_agent_it_is_pid_1_mounted_read_only_and_without_it_nothing_cha
 
 
 def test_the_agent_is_on_by_default_and_turned_off_by_config_or_env() -> None:
-    from workers.config import load_config
+    from contract.config import load_config
 
     assert load_config(env={}).workers.exec_agent is True
     assert load_config(env={"CORRAL_EXEC_AGENT": "0"}).workers.exec_agent is False

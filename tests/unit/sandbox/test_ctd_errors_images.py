@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sandbox.errors import (
+from contract.errors import (
     ContainerdError,
     ContainerdUnavailable,
     ImageNotFound,
@@ -23,9 +23,10 @@ from sandbox.errors import (
     SandboxPaused,
     SandboxStateError,
 )
+from contract.ids import resolve_image_name
 from sandbox.events import event_filters
 from sandbox.grpc_errors import map_grpc_error
-from sandbox.images import chain_ids, resolve_image_name
+from sandbox.images import chain_ids
 from sandbox.oci_archive import (
     MEDIA_LAYER_GZIP,
     NAME_ANNOTATION,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import ImageBuildError
 from sandbox.debian import (
     Change,
     _check_packages,
@@ -17,7 +18,6 @@ from sandbox.debian import (
     make_layer_from_dir,
     write_diff_layer,
 )
-from sandbox.errors import ImageBuildError
 
 
 def make_lower(root: Path) -> Path:

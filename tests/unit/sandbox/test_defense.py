@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sandbox.errors import InvalidSpec
+from contract.errors import InvalidSpec
 from sandbox.models import SandboxSpec
 from sandbox.network import tbf_qdisc
 from sandbox.spec import MIB, build_oci_spec

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.ids import is_local_snapshot, snapshot_ref
 from sandbox.exec_io import ExecFiles
-from sandbox.snapshot import is_local_snapshot, snapshot_ref
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sandbox.errors import NetworkError
+from contract.errors import NetworkError
 from sandbox.network import (
     RESERVED_RANGE,
     SANDBOX_RANGE,

@@ -17,7 +17,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from sandbox.images import LOCAL_REGISTRY
+from contract.config import load_config
+from contract.ids import LOCAL_REGISTRY
 from sandbox.registry import (
     Credentials,
     ImagePullFailed,
@@ -32,7 +33,6 @@ from sandbox.registry import (
     registry_options,
 )
 from sandbox.transfer import host_platform, select_platform
-from workers.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 

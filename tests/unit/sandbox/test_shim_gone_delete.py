@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
+from contract.errors import ContainerdError
 from sandbox import client as client_module
 from sandbox.client import Containerd
-from sandbox.errors import ContainerdError
 
 
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from google.protobuf import timestamp_pb2
 
+from contract.labels import BASE_IMAGE_LABEL, LAST_USED_LABEL
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
-from sandbox.labels import BASE_IMAGE_LABEL, LAST_USED_LABEL
 from sandbox.snapshot_gc import ImageRecord, collectable, image_record, is_candidate
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

@@ -16,8 +16,8 @@ from activities.capacity import (
     node_capacity,
     room_for,
 )
-from activities.models import NodeCapacity, NodeUsage
 from activities.pool import asking_paused, largest_burst
+from contract.models import NodeCapacity, NodeUsage
 
 CAPACITY = NodeCapacity(cores=2, memory_mb=1000, pids=10_000, max_sandboxes=5000)
 

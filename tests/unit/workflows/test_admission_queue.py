@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from activities.models import (
+from contract.models import (
     AdmissionPolicy,
     ClusterRoom,
     EgressRule,

@@ -28,7 +28,8 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.models import (
+from contract.ids import calls_workflow_id
+from contract.models import (
     EpisodeResult,
     ExecRequest,
     ExecStepInput,
@@ -54,7 +55,7 @@ from corral.sdk import Episode
 from policies.alert import ANOMALY_SIGNAL
 from tests.alerts import anomaly_signal
 from workers.temporal import workflow_runner
-from workflows.calls import EpisodeCallsWorkflow, calls_workflow_id
+from workflows.calls import EpisodeCallsWorkflow
 from workflows.episode import EpisodeWorkflow
 from workflows.models import EpisodeInput, OnCallRequest
 

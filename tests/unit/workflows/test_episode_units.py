@@ -8,7 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.models import (
+from activities.reaping import as_utc as _as_utc
+from activities.records import episode_records
+from activities.records import reward_value as _reward_value
+from contract.ids import sandbox_id_for
+from contract.models import (
     AlertSummary,
     EpisodeResult,
     EpisodeSpec,
@@ -16,13 +20,11 @@ from activities.models import (
     RecordEpisodeInput,
     StepResult,
 )
-from activities.node import _as_utc, _reward_value, episode_records
 from corral.cli_episodes import batch_summary
 from corral.errors import EpisodeKilled, InvalidEpisodeSpec
 from corral.sdk import _result_from_details, parse_spec
 from observability.records import EpisodeRecord, StepRecord
 from workflows.episode_support import outcome_of as _outcome_of
-from workflows.episode_support import sandbox_id_for
 from workflows.models import EpisodeInput
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -192,7 +194,7 @@ def test_batch_summary_counts_and_percentiles() -> None:
 
 
 def test_the_episodes_sensor_verdict_is_the_first_step_not_judged() -> None:
-    from activities.models import StepResult
+    from contract.models import StepResult
     from workflows.episode_support import sensor_verdict as _sensor_verdict
 
     def step(verdict: str) -> StepResult:

@@ -15,7 +15,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.models import (
+from activities.node import NodeActivities
+from contract.models import (
     EpisodeSpec,
     NodeCapacity,
     ProvisionInput,
@@ -23,7 +24,6 @@ from activities.models import (
     Step,
     TeardownInput,
 )
-from activities.node import NodeActivities
 from sandbox.fake import FakeCall, FakeRuntime
 from sandbox.models import ExecResult
 

@@ -18,7 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from test_episode_time_skipping import _test_server
 
-from activities.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
+from contract.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
 from workers.temporal import workflow_runner
 from workflows.nodes import (
     FORGET_LOST_AFTER_S,

@@ -8,14 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.models import (
-    NodeCapacity,
-    NodeHeartbeat,
-    NodeInfo,
-    NodeState,
-    NodeUsage,
-    PlaceInput,
-)
 from activities.placement import (
     FleetActivities,
     Reservations,
@@ -23,6 +15,14 @@ from activities.placement import (
     choose_node,
     fleet_room,
     image_matches,
+)
+from contract.models import (
+    NodeCapacity,
+    NodeHeartbeat,
+    NodeInfo,
+    NodeState,
+    NodeUsage,
+    PlaceInput,
 )
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

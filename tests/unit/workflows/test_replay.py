@@ -29,7 +29,7 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityHandle, NondeterminismError
 
-from activities.models import EpisodeResult
+from contract.models import EpisodeResult
 from workers.temporal import workflow_runner
 from workflows.calls import CLOSE_SIGNAL, HOLD_SIGNAL
 from workflows.episode import EpisodeWorkflow

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from falco_testkit import engine, load, rule, ruleset
 
+from contract.errors import CorralError
 from contract.priority import Priority
 from policies.falco.compiler import condition_with_exceptions
 from policies.falco.engine import RuleStatus
@@ -16,7 +17,6 @@ from policies.falco.loader import (
     UnknownFieldError,
     load_files,
 )
-from sandbox.errors import CorralError
 
 BASE = """
 - list: shells

@@ -43,7 +43,7 @@ SILENT_AFTER_S = 15.0
 # A placement counts against its node until a heartbeat newer than it (which
 # counts the sandbox itself), and at most this long.
 RESERVATION_TTL_S = 15.0
-# A waiting episode asks again every 2 s (workflows/episode.py PLACE_RETRY_S);
+# A waiting episode asks again every 2 s (workflows/episode_support.py PLACE_RETRY_S);
 # one silent for this long has ended or gone elsewhere and leaves the line.
 WAITER_STALE_S = 10.0
 

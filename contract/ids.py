@@ -13,6 +13,7 @@ import re
 CALLS_SUFFIX = ".calls"
 LOCAL_REGISTRY = "corral.local"  # the registry host short image names resolve to
 SNAPSHOT_REPO = "corral/snapshots"
+HIBERNATION_TAG = "hibernate-"  # a hibernated episode's snapshots: kept while it sleeps
 _REPO_CHARS = re.compile(r"[^a-z0-9]+")
 _TAG_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -57,3 +58,8 @@ def snapshot_ref(episode_id: str, name: str) -> str:
 def is_local_snapshot(image: str) -> bool:
     """A snapshot named in the local registry (not pushed anywhere): nodes copy it."""
     return resolve_image_name(image).startswith(f"{LOCAL_REGISTRY}/{SNAPSHOT_REPO}/")
+
+
+def hibernation_tag(next_index: int) -> str:
+    """The snapshot tag of an episode hibernated before step `next_index`."""
+    return f"{HIBERNATION_TAG}{next_index}"

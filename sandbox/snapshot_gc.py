@@ -31,14 +31,13 @@ from typing import Any
 import grpc
 
 from contract.errors import ImageNotFound
-from contract.ids import LOCAL_REGISTRY, SNAPSHOT_REPO, resolve_image_name
+from contract.ids import HIBERNATION_TAG, LOCAL_REGISTRY, SNAPSHOT_REPO, resolve_image_name
 from contract.labels import BASE_IMAGE_LABEL, LAST_USED_LABEL
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
 from sandbox.connection import Connection
 from sandbox.grpc_errors import is_not_found, map_grpc_error
 
 SNAPSHOT_PREFIX = f"{LOCAL_REGISTRY}/{SNAPSHOT_REPO}/"
-HIBERNATION_TAG = "hibernate-"  # the tag workflows/episode.py gives hibernation snapshots
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
 

@@ -8,7 +8,7 @@ whose handler runs the node's activity as a *local* activity, in the same
 process that holds the sandbox. One workflow task and six events a call
 (update accepted, marker, update completed, and the task's three).
 
-Durability is the step journal's (activities/node.py, activities/toolcalls.py):
+Durability is the step journal's (activities/step_exec.py, activities/toolcalls.py):
 each exec or spawn is journaled on the node under its index before it runs, so
 a call replayed after the node worker died mid-call reports `interrupted`
 instead of running twice.

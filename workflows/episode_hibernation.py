@@ -13,7 +13,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
     from activities.snapshots import SnapshotActivities
-    from contract.ids import snapshot_ref
+    from contract.ids import hibernation_tag, snapshot_ref
     from contract.models import ProvisionInput, SnapshotInput, SnapshotResult, TeardownInput
     from workflows.episode_placement import EpisodePlacement
     from workflows.episode_support import PROVISION_ATTEMPTS
@@ -54,7 +54,7 @@ class EpisodeHibernation(EpisodePlacement):
     async def _hibernate(self) -> None:
         """Snapshot the idle sandbox and free it; the next request restores it."""
         async with self._lock:
-            result = await self._take_snapshot(f"hibernate-{self._s.next_index}")
+            result = await self._take_snapshot(hibernation_tag(self._s.next_index))
             await self._node_activity(
                 NodeActivities.teardown, TeardownInput(sandbox_id=self._s.sandbox_id), timeout_s=120
             )

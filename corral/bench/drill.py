@@ -366,7 +366,7 @@ class Drill:
 
     async def _stepwise(self, path: str, job: Job, warm: bool) -> list[RunRecord]:
         # Outputs that could outgrow one payload take the step-by-step path
-        # (workflows/episode.py: LEAN_MAX_OUTPUT_BYTES), whatever the step count.
+        # (workflows/episode_support.py: LEAN_MAX_OUTPUT_BYTES), whatever the step count.
         return await self._scripted(path, job, warm, output_limit_bytes=1024 * 1024)
 
     async def _hibernate_wake(self, path: str, job: Job, warm: bool) -> list[RunRecord]:

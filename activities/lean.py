@@ -30,6 +30,7 @@ from contract.models import (
     TeardownInput,
     WriteFileInput,
 )
+from contract.script import reward_due, run_steps
 from sandbox.runtime import SandboxRuntime
 
 # A lean run's own teardown is tried this often before leaving it to the janitor.
@@ -69,20 +70,15 @@ class LeanRuns:
         sandbox_id = provision.sandbox_id
         for request in input.files:
             await self._files.write_file(WriteFileInput(sandbox_id=sandbox_id, request=request))
-        steps: list[StepResult] = []
-        index = input.first_index
-        for step in input.steps:
-            result = await self._step(input, sandbox_id, step, index, "scripted")
-            index += 1
-            if result.interrupted and input.idempotent_steps:
-                steps.append(result)
-                result = await self._step(input, sandbox_id, step, index, "scripted")
-                index += 1
-            steps.append(result)
-            if not result.ok:
-                break
+        steps = await run_steps(
+            input.steps,
+            first_index=input.first_index,
+            idempotent_steps=input.idempotent_steps,
+            run=lambda step, index: self._step(input, sandbox_id, step, index, "scripted"),
+        )
         reward = None
-        if input.reward is not None and all(step.ok for step in steps[-1:]):
+        if input.reward is not None and reward_due(steps):
+            index = input.first_index + len(steps)
             reward = await self._step(input, sandbox_id, input.reward, index, "reward")
         if self._steps.last_verdict(sandbox_id).stops_episode:
             # An alert will kill or quarantine the episode: its sandbox stays

@@ -14,6 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
     from contract.models import ExecStepInput, Step, StepResult
+    from contract.script import runs_again
     from workflows.episode_calls import EpisodeCalls
     from workflows.episode_support import CALLS_ON_NODE, IDLE_TIMER_REARMED, step_failed
     from workflows.steps import lost_step
@@ -90,7 +91,7 @@ class EpisodeBody(EpisodeCalls):
 
     async def _run_step(self, step: Step, source: str) -> StepResult:
         result = await self._run_step_once(step, source)
-        if result.interrupted and source == "scripted" and self._spec.idempotent_steps:
+        if source == "scripted" and runs_again(result, self._spec.idempotent_steps):
             # The spec says running a step twice is safe: once more, as a new step.
             result = await self._run_step_once(step, source)
         return result

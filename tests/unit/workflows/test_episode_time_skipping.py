@@ -50,6 +50,7 @@ from contract.models import (
     TeardownResult,
     WriteFileInput,
 )
+from contract.script import reward_due, run_steps
 from corral.errors import EpisodeQuarantined
 from corral.sdk import Episode
 from policies.alert import ANOMALY_SIGNAL
@@ -167,13 +168,14 @@ class FakeNode:
             if activity.info().task_queue == self.hang_on:
                 await self._hang()
             provisioned = await provision(input.provision)
-            steps: list[StepResult] = []
-            for i, step in enumerate(input.steps):  # up to the first failing step
-                steps.append(await exec_step(_step_input(provisioned.sandbox_id, step, i)))
-                if not steps[-1].ok:
-                    break
+            steps = await run_steps(  # the node's own rule (contract/script.py)
+                input.steps,
+                first_index=input.first_index,
+                idempotent_steps=input.idempotent_steps,
+                run=lambda step, i: exec_step(_step_input(provisioned.sandbox_id, step, i)),
+            )
             reward = None
-            if input.reward is not None and all(step.ok for step in steps):
+            if input.reward is not None and reward_due(steps):
                 reward = await exec_step(
                     _step_input(provisioned.sandbox_id, input.reward, len(steps), "reward")
                 )

@@ -56,10 +56,7 @@ class EpisodeFiles(EpisodeHibernation):
 
     @workflow.update
     async def write_file(self, request: WriteFileRequest) -> None:
-        await self._wait_interactive()
-        async with self._lock:
-            self._check_open()
-            await surfaced(self._wake())
+        async with self._request_turn(frozen_waits=False):
             self._touch()
             await surfaced(
                 self._node_activity(
@@ -81,10 +78,7 @@ class EpisodeFiles(EpisodeHibernation):
 
     @workflow.update
     async def read_file(self, request: ReadFileRequest) -> FileContent:
-        await self._wait_interactive()
-        async with self._lock:
-            self._check_open()
-            await surfaced(self._wake())
+        async with self._request_turn(frozen_waits=False):
             self._touch()
             content: FileContent = await surfaced(
                 self._node_activity(
@@ -125,9 +119,6 @@ class EpisodeFiles(EpisodeHibernation):
 
     async def _file_activity(self, method: Any, call: Any) -> Any:
         """As `write_file`/`read_file` do: in turn with other requests, the sandbox awake."""
-        await self._wait_interactive()
-        async with self._lock:
-            self._check_open()
-            await surfaced(self._wake())
+        async with self._request_turn(frozen_waits=False):
             self._touch()
             return await surfaced(self._node_activity(method, call, timeout_s=600))

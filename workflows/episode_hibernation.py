@@ -6,6 +6,8 @@ the snapshot is in a registry) before the next request runs.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 from temporalio import workflow
@@ -17,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from contract.models import ProvisionInput, SnapshotInput, SnapshotResult, TeardownInput
     from workflows.episode_placement import EpisodePlacement
     from workflows.episode_support import PROVISION_ATTEMPTS
+    from workflows.steps import surfaced
 
 
 class EpisodeHibernation(EpisodePlacement):
@@ -61,6 +64,20 @@ class EpisodeHibernation(EpisodePlacement):
             self._s.hibernated_ref = result.ref
             self._s.hibernations.append(result.ref)
             self._set_state("hibernated")
+
+    @contextlib.asynccontextmanager
+    async def _request_turn(self, *, frozen_waits: bool = True) -> AsyncIterator[None]:
+        """A request's turn at the sandbox: the episode is interactive, no other
+        request runs (the lock), the sandbox is not frozen (unless the request
+        may meet a frozen one: `frozen_waits=False`), the episode still takes
+        requests, and a hibernated sandbox is awake again."""
+        await self._wait_interactive()
+        async with self._lock:
+            if frozen_waits:
+                await self._wait_unfrozen()
+            self._check_open()
+            await surfaced(self._wake())
+            yield
 
     async def _wake(self) -> None:
         """Restore a hibernated sandbox (same node, same id) from its snapshot;

@@ -37,11 +37,7 @@ with workflow.unsafe.imports_passed_through():
 class EpisodeRequests(EpisodeBody):
     @workflow.update(name="exec")
     async def exec_update(self, request: ExecRequest) -> StepResult:
-        await self._wait_interactive()
-        async with self._lock:
-            await self._wait_unfrozen()
-            self._check_open()
-            await surfaced(self._wake())
+        async with self._request_turn():
             return await surfaced(self._run_step(request.as_step(), "interactive"))
 
     @exec_update.validator
@@ -53,11 +49,7 @@ class EpisodeRequests(EpisodeBody):
     @workflow.update(name="tool_exec")
     async def tool_exec_update(self, request: ToolExecRequest) -> StepResult:
         """An exec in a named session (cwd and exported variables carry over)."""
-        await self._wait_interactive()
-        async with self._lock:
-            await self._wait_unfrozen()
-            self._check_open()
-            await surfaced(self._wake())
+        async with self._request_turn():
             index = self._claim_index()
             timeout_s = request.timeout_s or self._spec.timeouts.step_s
             call = ToolExecInput(
@@ -81,11 +73,7 @@ class EpisodeRequests(EpisodeBody):
     @workflow.update(name="spawn")
     async def spawn_update(self, request: SpawnRequest) -> JobInfo:
         """A background job: it outlives the call; read, wait for and kill it by id."""
-        await self._wait_interactive()
-        async with self._lock:
-            await self._wait_unfrozen()
-            self._check_open()
-            await surfaced(self._wake())
+        async with self._request_turn():
             index = self._claim_index()
             call = SpawnInput(
                 sandbox_id=self._s.sandbox_id, index=index, request=request, base_env=self._spec.env

@@ -11,6 +11,9 @@ nothing of Corral's but each other, so they sit below the sandbox layer:
   kinds that cross Temporal with their nature (retryable, a lost step, a
   refusal) carried as data;
 - `labels`: every label Corral puts on containerd objects;
+- `ids`: the names derived from an episode (its sandbox id, its calls
+  workflow's id), image and snapshot names;
+- `script`: how a scripted episode's steps run (the one rule every path follows);
 - `search_attributes`: the episode's search attributes;
 - `priority`: Falco's priorities.
 """

@@ -23,8 +23,10 @@ import re
 
 from temporalio.client import Client
 
-WORKFLOW_ID_FIELD = "container.label[corral.workflow_id]"
-SANDBOX_ID_ATTRIBUTE = "SandboxId"
+from contract.labels import OWNER_LABEL
+from contract.search_attributes import SANDBOX_ID
+
+WORKFLOW_ID_FIELD = f"container.label[{OWNER_LABEL}]"
 _HEX = re.compile(r"^[0-9a-f]{12,64}$")
 _CACHE_MAX = 50_000
 MISS_RETRIES = 3
@@ -57,7 +59,7 @@ class EpisodeDirectory:
         return owner
 
     async def _search(self, container_id: str) -> str | None:
-        query = f'{SANDBOX_ID_ATTRIBUTE} STARTS_WITH "{container_id}"'
+        query = f'{SANDBOX_ID.name} STARTS_WITH "{container_id}"'
         closed: str | None = None
         async for wf in self._client.list_workflows(query, limit=10):
             if wf.status is not None and wf.status.name == "RUNNING":

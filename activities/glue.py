@@ -19,13 +19,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.sensorwatch import SensorDown
-from contract.errors import CorralError, SandboxError
+from contract.errors import CorralError, SandboxError, kinds_where
 
 T = TypeVar("T")
 HEARTBEAT_EVERY_S = 5.0
-# containerd down or restarting, or a start that failed and was rolled back
-# (runc under memory pressure, a shim that did not come up): a retry can help.
-RETRYABLE_SANDBOX_ERRORS = ("ContainerdUnavailable", "ContainerdError", "SandboxStartFailed")
+# The sandbox errors a retry can help (contract/errors.py: containerd down or
+# restarting, a start rolled back); the node raises every other one non-retryable.
+RETRYABLE_KINDS = kinds_where(lambda kind: kind.retryable)
 
 
 async def heartbeating(work: Awaitable[T]) -> T:
@@ -64,7 +64,7 @@ async def mapped(work: Awaitable[T]) -> T:
 def to_app_error(err: CorralError) -> ApplicationError:
     # A node whose sensor is down: the command waits for it (retries), never runs unwatched.
     retryable = isinstance(err, SensorDown) or (
-        isinstance(err, SandboxError) and type(err).__name__ in RETRYABLE_SANDBOX_ERRORS
+        isinstance(err, SandboxError) and type(err).__name__ in RETRYABLE_KINDS
     )
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=not retryable)
 

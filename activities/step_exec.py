@@ -22,7 +22,7 @@ from activities.gateway import NodeGateway
 from activities.glue import heartbeating, mapped, to_app_error
 from activities.ledger import NodeLedger
 from activities.sensorwatch import SensorWatch, Verdict
-from contract.errors import SandboxError, SandboxNotFound
+from contract.errors import SandboxError, SandboxNotFound, kinds_where
 from contract.models import ExecStepInput, ModelCall, StepResult
 from observability.metrics import Metrics
 from observability.tracing import ATTR_NODE, ATTR_SANDBOX_ID, span
@@ -31,7 +31,7 @@ from sandbox.runtime import SandboxRuntime
 
 INTERRUPTED_EXIT_CODE = 255
 # Worth a retry: containerd may come back. Any other error loses the step.
-CONTAINERD_DOWN = ("ContainerdUnavailable", "ContainerdError")
+CONTAINERD_DOWN = kinds_where(lambda kind: kind.lost_step and kind.retryable)
 
 
 class StepRunner:

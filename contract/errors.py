@@ -109,6 +109,8 @@ def _kinds(*kinds: ErrorKind) -> dict[str, ErrorKind]:
 ERROR_KINDS: dict[str, ErrorKind] = _kinds(
     # The sandbox layer's, from node activities: no retry fixes a bad request or
     # a missing image; a step lost with its sandbox is reported, not run again.
+    # The node retries only the sandbox errors listed here as retryable (containerd
+    # down or restarting, a start rolled back); one not listed is a bad request.
     ErrorKind("InvalidSpec", retryable=False),
     ErrorKind("ImageNotFound", retryable=False),
     ErrorKind("ImagePullFailed", retryable=False),
@@ -117,6 +119,7 @@ ERROR_KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("SandboxNotFound", retryable=False, lost_step=True),
     ErrorKind("ContainerdUnavailable", lost_step=True),
     ErrorKind("ContainerdError", lost_step=True),
+    ErrorKind("SandboxStartFailed"),  # rolled back (runc under memory pressure, a late shim)
     # A node's answers.
     ErrorKind("NodeFull"),  # placed again later, on another node or this one
     ErrorKind("EpisodeClosed"),  # a lean run that arrived after its episode's teardown
@@ -141,12 +144,6 @@ ERROR_KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("EpisodeRejected", refusal=True, ends_episode=True),  # `on_quota: reject`
     ErrorKind("EpisodeFailed", ends_episode=True),
 )
-
-
-def kind_of(error_type: str | None) -> ErrorKind:
-    """The kind an `ApplicationError.type` names; an unknown one is a plain,
-    retryable failure (what Temporal does with it anyway)."""
-    return ERROR_KINDS.get(error_type or "", ErrorKind(error_type or ""))
 
 
 def kinds_where(predicate: Callable[[ErrorKind], bool]) -> tuple[str, ...]:

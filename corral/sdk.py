@@ -120,12 +120,14 @@ _CLOSED_UNDER_UPDATE = frozenset({"AcceptedUpdateCompletedWorkflow"})
 _CALLS = frozenset(
     {"exec", "tool_exec", "spawn", "job_output", "job_wait", "job_stdin", "job_kill"}
 )
-# The calls workflow refused (closing) or closed under the call: the episode answers.
-_CALLS_GONE = frozenset({"CallsClosed", *_CLOSED_UNDER_UPDATE})
+# The call met the hand-over between the episode and its calls workflow, or the
+# calls workflow closed under it: the other one answers.
+_HANDED_OVER = frozenset(kinds_where(lambda kind: kind.hand_over))
+_CALLS_GONE = _HANDED_OVER | _CLOSED_UNDER_UPDATE
 _CALL_ROUTE_ATTEMPTS = 50  # about 8 s of hand-over at most
 _NOT_THERE = object()
 T = TypeVar("T")
-# Update validators refuse with a plain ValueError ("episode is not interactive", ...).
+# The episode refused the request (its validators raise a plain ValueError).
 _REFUSALS = frozenset(kinds_where(lambda kind: kind.refusal))
 
 
@@ -530,7 +532,7 @@ class Episode:
             try:
                 return await self._episode_update(name, arg, result_type)
             except EpisodeRequestFailed as err:
-                if err.error_type != "CallsOnNode":
+                if err.error_type not in _HANDED_OVER:
                     raise
             await asyncio.sleep(min(0.02 * (attempt + 1), 0.2))
         raise EpisodeRequestFailed(

@@ -9,9 +9,21 @@ from pathlib import Path
 from temporalio.exceptions import ApplicationError
 
 import contract.errors as errors
-from contract.errors import ERROR_KINDS, kind_of, kinds_where
+from activities.glue import to_app_error
+from activities.step_exec import CONTAINERD_DOWN
+from contract.errors import (
+    ERROR_KINDS,
+    ContainerdError,
+    ContainerdUnavailable,
+    FileNotFound,
+    InvalidSpec,
+    NetworkError,
+    SandboxError,
+    SandboxStartFailed,
+    kinds_where,
+)
 from corral.errors import EpisodeEnded
-from corral.sdk import _ERROR_TYPES, _REFUSALS, _update_error
+from corral.sdk import _CALLS_GONE, _ERROR_TYPES, _HANDED_OVER, _REFUSALS, _update_error
 from workflows.steps import INTERRUPTING, NON_RETRYABLE
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,6 +90,15 @@ def test_an_ended_episode_is_read_from_the_details_not_the_message() -> None:
     assert (err.outcome, err.reason) == ("killed", "on-call: x")
 
 
-def test_an_unknown_type_is_a_plain_retryable_failure() -> None:
-    assert kind_of("SomethingNew").retryable and not kind_of("SomethingNew").refusal
-    assert kind_of(None).name == ""
+def test_the_node_retries_the_sandbox_errors_the_table_calls_retryable_and_no_other() -> None:
+    for retried in (ContainerdUnavailable("x"), ContainerdError("x"), SandboxStartFailed("x")):
+        assert not to_app_error(retried).non_retryable, type(retried).__name__
+    for refused in (InvalidSpec("x"), FileNotFound("x"), SandboxError("x"), NetworkError("x")):
+        error = to_app_error(refused)
+        assert error.non_retryable and error.type == type(refused).__name__
+    assert set(CONTAINERD_DOWN) == {"ContainerdUnavailable", "ContainerdError"}
+
+
+def test_the_sdk_sends_a_handed_over_call_to_the_other_workflow() -> None:
+    assert {"CallsOnNode", "CallsClosed"} == _HANDED_OVER
+    assert _HANDED_OVER <= _CALLS_GONE

@@ -74,7 +74,7 @@ class StepRunner:
         self._verdicts[input.sandbox_id] = verdict
         result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
         result.model_calls = self.model_calls(input.sandbox_id)
-        _atomic_write(done, result.model_dump_json())
+        write_atomically(done, result.model_dump_json())
         return result
 
     def last_verdict(self, sandbox_id: str) -> Verdict:
@@ -204,7 +204,8 @@ def _step_result(input: ExecStepInput, out: ExecResult, started_at: datetime) ->
     )
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """A journal entry whole or not at all: a crash mid-write leaves no half file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)

@@ -26,7 +26,7 @@ from temporalio.exceptions import ApplicationError
 from activities.gateway import NodeGateway
 from activities.glue import heartbeating, mapped
 from activities.sensorwatch import SensorWatch
-from activities.step_exec import interrupted_step
+from activities.step_exec import interrupted_step, write_atomically
 from contract.models import ExecStepInput, FileBlob, Step, StepResult
 from sandbox.agent import AgentChannel, JobOutput
 from sandbox.blobs import pull_bytes, push_bytes
@@ -245,9 +245,7 @@ class ToolCallActivities:
                 result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
         if self._gateway is not None:
             result.model_calls = self._gateway.drain(input.sandbox_id)
-        tmp = done.with_suffix(".tmp")
-        tmp.write_text(result.model_dump_json())
-        tmp.replace(done)
+        write_atomically(done, result.model_dump_json())
         return result
 
     @activity.defn(name="corral.job_spawn")

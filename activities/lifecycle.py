@@ -193,6 +193,8 @@ class Lifecycle:
         pull = self._runtime.pulls.ensure
 
         async def ensure_image(image: str) -> object:
+            if self._fetch_image is not None:  # a forked service's snapshot, made elsewhere
+                await heartbeating(self._fetch_image(image))
             return await heartbeating(pull(image, self._registry))
 
         started = start_services(

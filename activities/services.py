@@ -11,8 +11,11 @@ into every container of the episode; network "none" stays none.
 A service carries its episode's owner label, so the sensor attributes its
 processes to the episode and the janitor reaps it with it; the node's
 capacity ledger counts it. The agent's teardown stops its services first.
-Services start fresh from their images on every provision: a fork or a
-restored hibernation gets new ones (their state is not snapshotted).
+A snapshot takes the services' writable layers with the agent's, in one
+pause (activities/snapshots.py): a fork's children start each service from its
+snapshot, so what the service wrote to disk is there (what it held in memory
+is not: the process starts again). A hibernated episode's services start
+fresh from their images when it wakes.
 """
 
 from __future__ import annotations

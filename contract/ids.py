@@ -55,6 +55,13 @@ def snapshot_ref(episode_id: str, name: str) -> str:
     return f"{SNAPSHOT_REPO}/{repo}:{tag}"
 
 
+def service_snapshot_ref(ref: str, service: str) -> str:
+    """The snapshot of an episode's service `service` taken with snapshot `ref`."""
+    repo, _, tag = ref.rpartition(":")
+    suffix = f".{service}"
+    return f"{repo}:{tag[: 128 - len(suffix)]}{suffix}"
+
+
 def is_local_snapshot(image: str) -> bool:
     """A snapshot named in the local registry (not pushed anywhere): nodes copy it."""
     return resolve_image_name(image).startswith(f"{LOCAL_REGISTRY}/{SNAPSHOT_REPO}/")

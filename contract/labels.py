@@ -34,6 +34,11 @@ BASE_IMAGE_LABEL = "corral.snapshot.base_image"
 SNAPSHOT_SANDBOX_LABEL = "corral.snapshot.sandbox"
 SNAPSHOT_NODE_LABEL = "corral.snapshot.node"
 LAYER_BYTES_LABEL = "corral.snapshot.layer_bytes"
+# A staged snapshot (sandbox/snapshot.py): its children start from this committed
+# copy of the sandbox's writable layer while its layer blob is still being made;
+# gone once the image is whole. The lease keeps that copy alive meanwhile.
+STAGED_LABEL = "corral.snapshot.staged"
+STAGED_LEASE_LABEL = "corral.snapshot.staged_lease"
 
 # ---------------------------------------------------------- on snapshots
 REMAP_LABEL = "corral.userns"  # a rootfs shifted into a user namespace's ids

@@ -633,6 +633,9 @@ class SnapshotInput(BaseModel):
     sandbox_id: str
     ref: str
     episode_id: str
+    # The episode's services too, in the same pause (a hibernation restarts them
+    # from their images instead: False).
+    services: bool = True
 
 
 class SnapshotResult(BaseModel):
@@ -641,7 +644,9 @@ class SnapshotResult(BaseModel):
     node: str
     sandbox_id: str
     seconds: float = 0.0
-    layer_bytes: int = 0
+    layer_bytes: int = 0  # 0 while the layer is still being written (a staged snapshot)
+    # Each service's own snapshot, by name: what its `image` takes in a fork.
+    services: dict[str, str] = Field(default_factory=dict)
 
 
 class FetchImageInput(BaseModel):

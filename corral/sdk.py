@@ -442,7 +442,8 @@ class Episode:
 
         Each child is a durable episode with its own sandbox, placed like any
         episode, with this episode's spec (`changes` override fields) and
-        image = a snapshot taken now. Given `steps`, the children run them
+        image = a snapshot taken now; its services start from their own
+        snapshots, taken at the same moment. Given `steps`, the children run them
         (then the reward); else they are interactive. Lineage: each child's
         `ParentEpisode` search attribute and memo name this episode.
         """
@@ -455,6 +456,10 @@ class Episode:
         parent: EpisodeSpec = await self._query(EpisodeWorkflow.spec)
         fields = {
             **parent.model_dump(exclude={"files", "steps", "interactive"}),
+            "services": [
+                {**service.model_dump(), "image": snap.services.get(service.name, service.image)}
+                for service in parent.services
+            ],
             "image": snap.ref,
             "steps": steps or [],
             "interactive": steps is None,

@@ -36,6 +36,7 @@ from contract.labels import (
     REMAP_LABEL,
     RUNTIME_LABEL,
     SANDBOX_LABEL,
+    STAGED_LABEL,
     TENANT_LABEL,
 )
 from sandbox import agent, network, quota, shimns, userns, volumes
@@ -52,6 +53,7 @@ from sandbox.events import DEFAULT_TOPICS, subscribe_events
 from sandbox.grpc_errors import is_not_found, map_grpc_error, one_line
 from sandbox.images import ImageStore
 from sandbox.models import (
+    ImageInfo,
     SandboxEvent,
     SandboxInfo,
     SandboxSpec,
@@ -214,6 +216,8 @@ class Containerd:
             if existing is not None:
                 return existing
             image = await self.images.get(spec.image)
+            if not self._fits_staged(image, spec):
+                image = await self.images.whole(spec.image)
             all_labels = {
                 **spec.labels,
                 **(labels or {}),
@@ -242,6 +246,16 @@ class Containerd:
             finally:
                 if groups is not None:
                     groups.created(sandbox_id)
+
+    def _fits_staged(self, image: ImageInfo, spec: SandboxSpec) -> bool:
+        """False for a staged snapshot (sandbox/snapshot.py) whose copy sits in
+        another uid range than this sandbox's: it needs the whole image, whose
+        layer can be chowned into its own range. True for every other image."""
+        staged = image.labels.get(STAGED_LABEL)
+        if staged is None:
+            return True
+        mapping = self.uid_pool.mapping(spec.userns_range) if spec.user_namespace else None
+        return staged == (image.chain_id or "") + (mapping.snapshot_suffix if mapping else "")
 
     async def _adopt_shim_groups(self, groups: ShimGroups) -> None:
         """Once per client: the groups of the sandboxes made before it (a restarted worker)."""

@@ -9,6 +9,7 @@ snapshot of the unpacked chain (``containerd.io/gc.ref.snapshot.<snapshotter>``)
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
 import json
@@ -23,9 +24,9 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
-from contract.errors import ImageImportFailed, ImageNotFound
+from contract.errors import ImageImportFailed, ImageNotFound, SnapshotFailed
 from contract.ids import LOCAL_REGISTRY, resolve_image_name
-from contract.labels import CHAIN_ID_LABEL, LAST_USED_LABEL
+from contract.labels import CHAIN_ID_LABEL, LAST_USED_LABEL, STAGED_LABEL
 from sandbox._gen.containerd.api.services.content.v1 import content_pb2
 from sandbox._gen.containerd.api.services.diff.v1 import diff_pb2
 from sandbox._gen.containerd.api.services.images.v1 import images_pb2
@@ -37,6 +38,8 @@ from sandbox.grpc_errors import is_not_found, map_grpc_error
 from sandbox.models import ImageInfo
 from sandbox.oci_archive import GOARCH, MEDIA_INDEX, NAME_ANNOTATION
 
+STAGED_WAIT_S = 120.0  # a staged snapshot's layer: a diff of its writes, a few GB at most
+STAGED_POLL_S = 0.1
 TOUCH_EVERY_S = 60  # provisions within a minute of each other update the label once
 WRITE_CHUNK = 1024 * 1024
 JSON_BLOB_MAX = 4 * 1024 * 1024  # manifests and configs are small; layers are not parsed
@@ -156,6 +159,22 @@ class ImageStore:
         if info.chain_id is None:
             info.chain_id = (await self._chain_ids_from_store(info))[-1]
         return info
+
+    async def whole(self, name: str, timeout_s: float = STAGED_WAIT_S) -> ImageInfo:
+        """Image ``name`` once it is whole: a staged snapshot (sandbox/snapshot.py)
+        names its base's manifest until its own layer is written, which is what
+        a copy, a push or a snapshot on top of it needs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = await self.get(name)
+            if STAGED_LABEL not in info.labels:
+                return info
+            if time.monotonic() >= deadline:
+                raise SnapshotFailed(
+                    f"snapshot image {info.name!r}: its layer was not written within "
+                    f"{timeout_s:.0f} s (is its node worker running?)"
+                )
+            await asyncio.sleep(STAGED_POLL_S)
 
     async def remove(self, name: str) -> None:
         full = resolve_image_name(name)

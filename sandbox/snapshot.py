@@ -17,6 +17,15 @@ range's chowned copy of the image, so children of the same range start at
 once; a sandbox outside the range unpacks the tar on first use
 (`ensure_unpacked`).
 
+A fork does not wait for the diff (`stage_sandbox`): in the pause it only
+commits the copy, under a name of its own, and tags the snapshot's ref at
+once with the base's manifest and that copy as its chain (`STAGED_LABEL`), so
+children on this node start from the copy within a tenth of a second. The
+layer blob, the real manifest and the chain-id snapshot (an empty layer over
+the copy) follow off the children's path (`materialize`); whatever needs the
+layer itself (a copy to another node, a push, a snapshot of a child) waits
+for it (`ImageStore.whole`).
+
 `copy_image` moves an image between two containerd daemons of one machine
 (the local multi-node rig without a registry): blobs are streamed from one
 content store into the other, then unpacked.
@@ -41,6 +50,8 @@ from contract.labels import (
     CHAIN_ID_LABEL,
     LAYER_BYTES_LABEL,
     SNAPSHOT_SANDBOX_LABEL,
+    STAGED_LABEL,
+    STAGED_LEASE_LABEL,
 )
 from sandbox import hosttools
 from sandbox._gen.containerd.api.services.containers.v1 import containers_pb2
@@ -60,11 +71,18 @@ COPY_TIMEOUT_S = 600.0
 
 
 async def commit_sandbox(
-    conn: Connection, images: ImageStore, sandbox_id: str, ref: str, labels: dict[str, str]
+    conn: Connection,
+    images: ImageStore,
+    sandbox_id: str,
+    ref: str,
+    labels: dict[str, str],
+    *,
+    pause: bool = True,
 ) -> ImageInfo:
-    """Commit ``sandbox_id``'s writable layer as image ``ref`` (labels added to the image)."""
+    """Commit ``sandbox_id``'s writable layer as image ``ref`` (labels added to the
+    image); ``pause=False`` when the caller holds it paused (`paused_all`)."""
     container = await _container(conn, sandbox_id)
-    base = await images.get(container.image)
+    base = await images.whole(container.image)
     manifest = await images._manifest_from_store(base)
     config = await images._read_json(manifest["config"]["digest"])
     async with conn.lease("snapshot") as lease:
@@ -75,8 +93,8 @@ async def commit_sandbox(
                 snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
                 metadata=conn.md(lease),
             )
-        async with _paused(conn, sandbox_id):
-            layer = await _diff_sandbox(conn, sandbox_id, parent, upper.mounts, lease)
+        async with _paused(conn, sandbox_id, pause):
+            layer = await _diff(conn, sandbox_id, parent, upper.mounts, lease)
             # An uncompressed layer's digest is its diff id.
             diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
             chains = chain_ids(diff_ids)
@@ -95,6 +113,118 @@ async def commit_sandbox(
             LAYER_BYTES_LABEL: str(layer["size"]),
         }
         return await put_image(conn, resolve_image_name(ref), manifest_desc, chains[-1], all_labels)
+
+
+async def stage_sandbox(
+    conn: Connection,
+    images: ImageStore,
+    sandbox_id: str,
+    ref: str,
+    labels: dict[str, str],
+    *,
+    pause: bool = True,
+) -> ImageInfo:
+    """Image ``ref`` usable on this node at once: a committed copy of the sandbox's
+    writable layer under a name of its own, tagged with its base's manifest and
+    that copy as its chain. `materialize` writes the layer and the real manifest."""
+    container = await _container(conn, sandbox_id)
+    base = await images.whole(container.image)
+    parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
+    stem = f"corral-staged-{uuid.uuid4().hex[:16]}"
+    staged = stem + _userns_suffix(parent)
+    # Holds the copy until the chain-id snapshot of the whole image sits on it;
+    # it expires by itself (LEASE_TTL) when the worker dies first.
+    lease = await conn.create_lease("staged")
+    try:
+        with _mapped_errors(sandbox_id):
+            upper = await conn.snapshots.Mounts(
+                snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
+                metadata=conn.md(lease),
+            )
+        async with _paused(conn, sandbox_id, pause):
+            await _copy_upper(conn, sandbox_id, upper.mounts, parent, staged, lease)
+        target = {"mediaType": base.media_type, "digest": base.digest, "size": base.size}
+        all_labels = {
+            **labels,
+            BASE_IMAGE_LABEL: base.name,
+            SNAPSHOT_SANDBOX_LABEL: sandbox_id,
+            STAGED_LABEL: staged,
+            STAGED_LEASE_LABEL: lease,
+        }
+        # The chain a sandbox prepares on is the label plus its user-namespace
+        # suffix (sandbox.userns): `staged` itself for one of this sandbox's range.
+        return await put_image(conn, resolve_image_name(ref), target, stem, all_labels)
+    except BaseException:
+        await conn.delete_lease(lease)
+        raise
+
+
+async def materialize(conn: Connection, images: ImageStore, name: str) -> ImageInfo:
+    """Make staged image ``name`` whole: its layer (the staged copy's diff over
+    its parent), config and manifest, and its chain-id snapshot over the copy;
+    then the staged labels go. A whole image is returned as it is."""
+    info = await images.get(name)
+    staged = info.labels.get(STAGED_LABEL)
+    if not staged:
+        return info
+    manifest = await images._manifest_from_store(info)
+    config = await images._read_json(manifest["config"]["digest"])
+    what = f"snapshot image {info.name!r}"
+    async with conn.lease("materialize") as lease:
+        parent = await _snapshot_parent(conn, staged)
+        if not parent and not await images._has_snapshot(staged):
+            raise SnapshotFailed(f"{what}: its staged copy {staged!r} is gone")
+        view_key = f"snapshot-staged-{uuid.uuid4().hex[:12]}"
+        try:
+            view = await conn.snapshots.View(
+                snapshots_pb2.ViewSnapshotRequest(
+                    snapshotter=conn.snapshotter, key=view_key, parent=staged
+                ),
+                metadata=conn.md(lease),
+            )
+            layer = await _diff(conn, staged, parent, view.mounts, lease)
+        finally:
+            await _remove_snapshot_quietly(conn, view_key)
+        diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
+        chains = chain_ids(diff_ids)
+        suffix = _userns_suffix(staged)
+        top = chains[-1] + suffix
+        if not await images._has_snapshot(top):
+            await _stack_empty(conn, staged, top, lease, what)
+        new_manifest = await _stack_layer(images, manifest, config, layer, diff_ids, lease)
+        await images.keep_snapshot(
+            new_manifest["config"]["digest"], top, suffix.removeprefix("@"), lease
+        )
+        manifest_desc = await _write_json(images, new_manifest, _gc_labels(new_manifest), lease)
+        labels = {
+            **{k: v for k, v in info.labels.items() if k not in (STAGED_LABEL, STAGED_LEASE_LABEL)},
+            LAYER_BYTES_LABEL: str(layer["size"]),
+        }
+        whole = await put_image(conn, info.name, manifest_desc, chains[-1], labels)
+    await conn.delete_lease(info.labels.get(STAGED_LEASE_LABEL, ""))
+    return whole
+
+
+async def _stack_empty(conn: Connection, parent: str, name: str, lease: str, what: str) -> None:
+    """Commit an empty layer over ``parent`` as ``name``: the chain id the image's
+    layers name, holding the staged copy (its parent) as long as the image lives."""
+    key = f"snapshot-chain-{uuid.uuid4().hex[:12]}"
+    md = conn.md(lease)
+    try:
+        await conn.snapshots.Prepare(
+            snapshots_pb2.PrepareSnapshotRequest(
+                snapshotter=conn.snapshotter, key=key, parent=parent
+            ),
+            metadata=md,
+        )
+        await conn.snapshots.Commit(
+            snapshots_pb2.CommitSnapshotRequest(snapshotter=conn.snapshotter, name=name, key=key),
+            metadata=md,
+        )
+    except grpc.aio.AioRpcError as err:  # ALREADY_EXISTS: an identical one was made meanwhile
+        await _remove_snapshot_quietly(conn, key)
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
+            raise map_grpc_error(err, f"{what}: commit {name!r}") from err
 
 
 @contextlib.contextmanager
@@ -191,11 +321,12 @@ async def _container(conn: Connection, sandbox_id: str) -> Any:
     return resp.container
 
 
-async def _diff_sandbox(
+async def _diff(
     conn: Connection, sandbox_id: str, parent_chain: str, upper: Any, lease: str
 ) -> dict[str, Any]:
-    """The sandbox's changes over its image as a layer blob (descriptor dict).
-    The caller holds the sandbox paused."""
+    """The changes of ``upper`` (the sandbox's live mounts, the caller holding it
+    paused; or a view of its staged copy) over ``parent_chain`` as a layer blob
+    (descriptor dict)."""
     view_key = f"snapshot-view-{uuid.uuid4().hex[:12]}"
     md = conn.md(lease)
     snaps, snapshotter = conn.snapshots, conn.snapshotter
@@ -221,16 +352,29 @@ async def _diff_sandbox(
     return {"mediaType": resp.diff.media_type, "digest": resp.diff.digest, "size": resp.diff.size}
 
 
-class _paused:
-    """Freeze the sandbox for the block if it runs (a quarantined one is paused already)."""
+@contextlib.asynccontextmanager
+async def paused_all(conn: Connection, sandbox_ids: list[str]) -> AsyncIterator[None]:
+    """Freeze all of them for the block: an episode's sandbox and its services
+    snapshotted at one moment."""
+    async with contextlib.AsyncExitStack() as stack:
+        for sandbox_id in sandbox_ids:
+            await stack.enter_async_context(_paused(conn, sandbox_id))
+        yield
 
-    def __init__(self, conn: Connection, sandbox_id: str) -> None:
-        self._conn, self._id, self._paused = conn, sandbox_id, False
+
+class _paused:
+    """Freeze the sandbox for the block if it runs (a quarantined one is paused
+    already); nothing when ``pause`` is False (the caller holds it paused)."""
+
+    def __init__(self, conn: Connection, sandbox_id: str, pause: bool = True) -> None:
+        self._conn, self._id, self._paused, self._pause = conn, sandbox_id, False, pause
 
     async def __aenter__(self) -> None:
         from sandbox._gen.containerd.api.services.tasks.v1 import tasks_pb2
         from sandbox._gen.containerd.api.types.task import task_pb2
 
+        if not self._pause:
+            return
         tasks, md = self._conn.tasks, self._conn.md()
         try:
             task = await tasks.Get(tasks_pb2.GetRequest(container_id=self._id), metadata=md)
@@ -335,8 +479,9 @@ async def _remove_snapshot_quietly(conn: Connection, key: str) -> None:
 async def copy_image(
     src_conn: Connection, src: ImageStore, dst_conn: Connection, dst: ImageStore, name: str
 ) -> ImageInfo:
-    """Copy image ``name`` (manifest, config, layers, labels) from ``src`` into ``dst``."""
-    info = await src.get(name)
+    """Copy image ``name`` (manifest, config, layers, labels) from ``src`` into ``dst``
+    (a staged snapshot once its layer is written)."""
+    info = await src.whole(name)
     manifest = await src._manifest_from_store(info)
     config = await src._read_json(manifest["config"]["digest"])
     async with dst_conn.lease("copy") as lease:

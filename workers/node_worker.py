@@ -114,6 +114,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         peers,
         registry=config.registry.default,
         registry_options=registry_options(config.registry),
+        foreground=foreground,
     )
     sensor = SensorWatch(
         config.sensor_socket(node),
@@ -151,6 +152,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
     background: list[asyncio.Task[None]] = [oom_watch]
     try:
         await reap_leftovers(node_activities)
+        await snapshots.resume_staged()  # snapshots an earlier worker left half-made
         await gateway.reopen(lambda sandbox_id: sandbox_pid(containerd, sandbox_id))
         worker = Worker(
             client,
@@ -177,6 +179,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
             await stop.wait()
     finally:
         await node_activities.drain()
+        await snapshots.stop()
         await gateway.stop()
         await pool.stop()  # warm sandboxes stay: the next worker adopts them
         for task in background:

@@ -23,12 +23,14 @@ with workflow.unsafe.imports_passed_through():
 
 
 class EpisodeHibernation(EpisodePlacement):
-    async def _take_snapshot(self, name: str | None) -> SnapshotResult:
+    async def _take_snapshot(self, name: str | None, *, services: bool = True) -> SnapshotResult:
         episode = workflow.info().workflow_id
         ref = snapshot_ref(episode, name or f"s{len(self._s.snapshots) + 1}")
         result: SnapshotResult = await self._node_activity(
             SnapshotActivities.snapshot,
-            SnapshotInput(sandbox_id=self._s.sandbox_id, ref=ref, episode_id=episode),
+            SnapshotInput(
+                sandbox_id=self._s.sandbox_id, ref=ref, episode_id=episode, services=services
+            ),
             timeout_s=600,
         )
         self._s.snapshots.append(result.ref)
@@ -57,7 +59,9 @@ class EpisodeHibernation(EpisodePlacement):
     async def _hibernate(self) -> None:
         """Snapshot the idle sandbox and free it; the next request restores it."""
         async with self._lock:
-            result = await self._take_snapshot(hibernation_tag(self._s.next_index))
+            # Services restart from their images on wake (docs/fork.md): not snapshotted.
+            tag = hibernation_tag(self._s.next_index)
+            result = await self._take_snapshot(tag, services=False)
             await self._node_activity(
                 NodeActivities.teardown, TeardownInput(sandbox_id=self._s.sandbox_id), timeout_s=120
             )

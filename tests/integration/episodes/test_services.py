@@ -1,5 +1,5 @@
 """`services:` end to end on the session stack: a SQL database beside the agent,
-queried by name, forked with it, torn down with it; a service watched by the
+queried by name, forked with it (its data too), torn down with it; a service watched by the
 sensor; a service that never gets ready fails its episode and leaves nothing.
 
 The session stack runs without a warm pool (tests/integration/conftest.py);
@@ -19,12 +19,16 @@ from tests.integration.episodes.episode_helpers import labelled
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-# A Postgres-like service: SQL over TCP on port 5432 (sqlite behind a line protocol).
+# A Postgres-like service: SQL over TCP on port 5432 (sqlite behind a line protocol),
+# its data on its own disk, as a database's is: a fork's children inherit it.
 DATABASE = r"""
-import json, socketserver, sqlite3
-db = sqlite3.connect(":memory:", check_same_thread=False)
-db.execute("create table facts (k text, v int)")
-db.execute("insert into facts values ('answer', 42)")
+import json, os, socketserver, sqlite3
+fresh = not os.path.exists("/var/lib/facts.db")
+db = sqlite3.connect("/var/lib/facts.db", check_same_thread=False)
+if fresh:
+    db.execute("create table facts (k text, v int)")
+    db.execute("insert into facts values ('answer', 42)")
+    db.commit()
 class Session(socketserver.StreamRequestHandler):
     def handle(self):
         for line in self.rfile:
@@ -76,13 +80,20 @@ async def test_an_agent_queries_its_database_by_name_forks_and_leaves_nothing(
 
         children = await episode.fork(2)
         child_sandboxes = []
-        for child in children:
+        count = f'{query} "select count(*) from facts"'
+        for i, child in enumerate(children):
             async with child:
-                again = await child.exec(f'{query} "select count(*) from facts"')
-                # A child's services start fresh from their image: one row, not two.
-                assert (again.exit_code, again.stdout) == (0, "[[1]]\n"), again.stderr
+                # The database forked with the agent: the parent's row is there...
+                again = await child.exec(count)
+                assert (again.exit_code, again.stdout) == (0, "[[2]]\n"), again.stderr
+                # ... and what one child writes stays its own.
+                if i == 0:
+                    mine = await child.exec(f"{query} \"insert into facts values ('child', 1)\"")
+                    assert mine.exit_code == 0, mine.stderr
+                    assert (await child.exec(count)).stdout == "[[3]]\n"
                 child_sandboxes.append((await child.status()).sandbox_id)
                 await child.finish()
+        assert (await episode.exec(count)).stdout == "[[2]]\n"
         result = await episode.finish()
     assert result.outcome == "completed"
     for each in (sandbox_id, *child_sandboxes):

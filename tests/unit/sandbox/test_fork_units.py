@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.ids import is_local_snapshot, snapshot_ref
+from contract.ids import is_local_snapshot, service_snapshot_ref, snapshot_ref
 from sandbox.exec_io import ExecFiles
 
 
@@ -26,6 +26,14 @@ def test_snapshot_refs_are_valid_references(episode: str, name: str, ref: str) -
 
 def test_snapshot_tags_are_cut_at_128_characters() -> None:
     assert len(snapshot_ref("ep", "x" * 300).split(":")[1]) == 128
+
+
+def test_a_service_snapshot_is_named_after_its_episode_snapshot_and_service() -> None:
+    ref = snapshot_ref("ep-1", "fork-ab12")
+    assert service_snapshot_ref(ref, "db") == "corral/snapshots/ep-1:fork-ab12.db"
+    long = service_snapshot_ref(snapshot_ref("ep", "x" * 300), "db")
+    assert long.endswith(".db") and len(long.split(":")[1]) == 128
+    assert is_local_snapshot(long)
 
 
 @pytest.mark.parametrize(

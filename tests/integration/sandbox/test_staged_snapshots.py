@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from activities.snapshots import SnapshotActivities
 from contract.labels import LAYER_BYTES_LABEL, STAGED_LABEL, STAGED_LEASE_LABEL
 from sandbox.client import Containerd
 from sandbox.sandbox import Sandbox
@@ -109,5 +110,25 @@ async def test_a_child_in_another_uid_range_waits_for_the_whole_image(
         child = await other_range
         # Layers record host-side owners (docs/fork.md, "Left out"): not checked here.
         assert_changes_seen((await child.exec(LOOK)).stdout, owner=None)
+    finally:
+        await ctd.images.remove(staged.name)
+
+
+async def test_a_restarted_node_worker_makes_the_staged_images_it_finds_whole(
+    ctd: Containerd, make_sandbox: MakeSandbox
+) -> None:
+    """What a worker that died before its background write left is finished by
+    the next one at its start (workers/node_worker.py calls `resume_staged`)."""
+    box = await changed_sandbox(make_sandbox)
+    staged = await stage_sandbox(ctd.connection, ctd.images, box.id, "staged-snap:5", {})
+    try:
+        snapshots = SnapshotActivities("node-1", ctd, {})
+        assert staged.name in await snapshots.resume_staged()
+        await snapshots.settled()
+        whole = await ctd.images.get(staged.name)
+        assert STAGED_LABEL not in whole.labels and int(whole.labels[LAYER_BYTES_LABEL]) > 0
+        child = await make_sandbox(image=whole.name, user_namespace=False)
+        host_owner = str(ctd.uid_pool.mapping(0).host_id)
+        assert_changes_seen((await child.exec(LOOK)).stdout, owner=host_owner)
     finally:
         await ctd.images.remove(staged.name)

@@ -161,3 +161,63 @@ async def test_questions_share_a_connection_and_a_dropped_one_is_replaced(
     await asyncio.sleep(0.05)
     assert (await watch.settle(SANDBOX)).status == "ok"
     assert len(connections) == 2
+
+
+def _count_pings(service: SensorService) -> list[int]:
+    pings = [0]
+    ping = service.ping
+
+    async def counted() -> dict[str, Any]:
+        pings[0] += 1
+        return await ping()
+
+    service.ping = counted  # type: ignore[method-assign]
+    return pings
+
+
+async def test_a_recent_ok_settle_stands_for_the_next_ping(
+    served: tuple[SensorService, SensorWatch],
+) -> None:
+    """Calls in quick succession ask the sensor once each (settle), not twice: an
+    "ok" settle proves it attached; its gap count is the next step's baseline."""
+    service, watch = served
+    pings = _count_pings(service)
+    gaps = await watch.require()
+    assert pings == [1]
+    service.sensor.stats.gaps = 3  # a restart, seen by this step's settle
+    assert (await watch.settle(SANDBOX, gaps)).status == "gap"
+    assert await watch.require() == 3 and pings == [2]  # a "gap" verdict proves nothing
+    assert (await watch.settle(SANDBOX, 3)).status == "ok"
+    for _ in range(3):
+        assert (await watch.settle(SANDBOX, await watch.require())).status == "ok"
+    assert pings == [2]
+
+
+async def test_the_proof_expires_and_ends_with_the_sensors_connection(
+    served: tuple[SensorService, SensorWatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, watch = served
+    connections: list[asyncio.StreamWriter] = []
+    serve = service._serve
+
+    async def kept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        await serve(reader, writer)
+
+    service._serve = kept  # type: ignore[method-assign]
+    await service.stop()
+    await service.start()  # listening again, through `kept`
+    pings = _count_pings(service)
+    assert (await watch.settle(SANDBOX)).status == "ok"
+    monkeypatch.setattr("activities.sensorwatch.PROOF_S", 0.0)
+    await asyncio.sleep(0.01)
+    await watch.require()
+    assert pings == [1]  # too old: asked
+    monkeypatch.setattr("activities.sensorwatch.PROOF_S", 60.0)
+    assert (await watch.settle(SANDBOX)).status == "ok"
+    await service.stop()  # the sensor dies: no listener, its connections closed
+    for writer in connections:
+        writer.close()
+    await asyncio.sleep(0.05)
+    with pytest.raises(SensorDown, match="does not answer"):
+        await watch.require()

@@ -4,11 +4,12 @@ These activities run on the node that holds the sandbox and need its PID 1 to
 be the exec agent (``workers.exec_agent`` on, the sandbox made by this worker
 process); otherwise they fail with ``AgentUnavailable`` (not retried).
 
-A session exec is durable like a step: it is journaled under
-``<node_dir>/toolcalls/<sandbox>/<index>`` (started, then its result), so a
-retry returns the recorded result, and a call whose worker died mid-call is
-reported ``interrupted``, never run twice. Job operations are idempotent reads
-or kills, except ``spawn``, which is journaled the same way.
+A session exec is durable like a step: it is journaled in
+``<node_dir>/toolcalls/<sandbox>/steps.log`` (its start, then its result:
+``StepJournal``), so a retry returns the recorded result, and a call whose
+worker died mid-call is reported ``interrupted``, never run twice. Job
+operations are idempotent reads or kills, except ``spawn``, which is journaled
+by index too.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 from activities.gateway import NodeGateway
 from activities.glue import heartbeating, mapped
 from activities.sensorwatch import SensorWatch
-from activities.step_exec import interrupted_step, write_atomically
+from activities.step_exec import StepJournals, interrupted_step
 from contract.models import ExecStepInput, FileBlob, Step, StepResult
 from sandbox.agent import AgentChannel, JobOutput
 from sandbox.blobs import pull_bytes, push_bytes
@@ -178,6 +179,7 @@ class ToolCallActivities:
         self._state_dir = Path(state_dir)
         self._sensor = sensor
         self._registry = registry or RegistryOptions()
+        self._journals = StepJournals()  # session execs'; spawns keep a file each
 
     def activities(self) -> list[Any]:
         return [
@@ -203,18 +205,17 @@ class ToolCallActivities:
             output_limit_bytes=input.output_limit_bytes,
             base_env=input.base_env,
         )
-        journal = self._journal(input.sandbox_id)
-        done, started = journal / f"{input.index}.json", journal / f"{input.index}.started"
-        if done.exists():
-            return StepResult.model_validate_json(done.read_text())
-        if started.exists():  # a worker died mid-call: its result is lost, never rerun it
+        journal = self._journals.of(self._journal(input.sandbox_id))
+        started_at, done = journal.read(input.index)
+        if done is not None:
+            return done
+        if started_at is not None:  # a worker died mid-call: its result is lost, never rerun it
             result = interrupted_step(step, "the node worker stopped during the call")
         else:
             channel = await self._channel(input.sandbox_id)
             gaps = await self._sensor_required()
-            journal.mkdir(parents=True, exist_ok=True)
             started_at = datetime.now(UTC)
-            started.write_text(started_at.isoformat())
+            journal.start(input.index, started_at)
             out = await heartbeating(
                 mapped(
                     channel.run(
@@ -245,7 +246,7 @@ class ToolCallActivities:
                 result.sensor, result.settle_ms = verdict.status, verdict.waited_ms
         if self._gateway is not None:
             result.model_calls = self._gateway.drain(input.sandbox_id)
-        write_atomically(done, result.model_dump_json())
+        journal.end(input.index, result)
         return result
 
     @activity.defn(name="corral.job_spawn")
@@ -346,6 +347,9 @@ class ToolCallActivities:
         """The sensor's gap count, or SensorDown (retried) when it is not watching."""
         if self._sensor is None:
             return None
+        proven = self._sensor.proven_gaps()  # a recent "ok" settle: nothing to ask, no task
+        if proven is not None:
+            return proven
         return await heartbeating(mapped(self._sensor.require()))
 
     def _journal(self, sandbox_id: str) -> Path:

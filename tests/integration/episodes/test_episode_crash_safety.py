@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from episode_helpers import eventually, sandbox_exists
 
+from activities.step_exec import StepJournal
 from contract.config import StackConfig
 from contract.models import StepResult
 from corral.sdk import Corral, Episode
@@ -56,6 +57,15 @@ def _journal(stack_config: StackConfig, sandbox_id: str) -> Path:
     return stack_config.node_dir(NODE) / "journal" / sandbox_id
 
 
+def _step_started(journal: Path, index: int) -> bool:
+    """The node journaled the step's start (activities/step_exec.py: StepJournal)."""
+    try:
+        lines = (journal / StepJournal.NAME).read_bytes().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(line.startswith(f"S {index} ".encode()) for line in lines)
+
+
 async def _long_step_in_flight(
     corral: Corral,
     stack_config: StackConfig,
@@ -77,8 +87,9 @@ async def _long_step_in_flight(
     sandbox_id = (await episode.status()).sandbox_id
     long_step = asyncio.create_task(episode.exec(command))
     index = 1 if session is None else 2
-    marker = _journal(stack_config, sandbox_id) / f"{index}.started"
-    await eventually(marker.exists, what=f"step {index} started on the node")
+    journal = _journal(stack_config, sandbox_id)
+    started = f"step {index} started on the node"
+    await eventually(lambda: _step_started(journal, index), what=started)
     return episode, sandbox_id, long_step
 
 
@@ -159,7 +170,7 @@ async def test_workflow_worker_killed_mid_step(
         nonlocal marker_dir
         status = await episode.status()
         marker_dir = _journal(stack_config, status.sandbox_id)
-        return (marker_dir / "1.started").exists()
+        return _step_started(marker_dir, 1)
 
     await eventually(step_1_started, what="step 1 started on the node")
     await _kill_and_restart(stack, "workflow-worker")

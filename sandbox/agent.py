@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import select
 import shutil
 import stat
 import struct
@@ -180,6 +181,7 @@ class AgentChannel:
         # calls were numbered from 1): start far from them.
         self._next_id = random.randrange(1 << 30, 1 << 31) if attached else 0
         self._write_lock: asyncio.Lock | None = None
+        self._queued = 0  # frames waiting for the write lock
         self._tasks: set[asyncio.Future[None]] = set()
         self.closed: BaseException | None = None
 
@@ -305,9 +307,39 @@ class AgentChannel:
             self._calls.pop(call_id, None)
 
     async def _send(self, call_id: int, meta: dict[str, Any], data: bytes = b"") -> None:
+        frame = encode_frame(call_id, meta, data)
+        if self._write_now(frame):
+            return
         # Shielded: a caller cancelled mid-frame must not leave half a frame behind
         # (the agent could not find the next one); the frame is finished regardless.
-        await asyncio.shield(asyncio.ensure_future(self._write(encode_frame(call_id, meta, data))))
+        self._queued += 1
+        writing = asyncio.ensure_future(self._write(frame))
+        writing.add_done_callback(self._dequeue)
+        await asyncio.shield(writing)
+
+    def _dequeue(self, _: asyncio.Future[None]) -> None:
+        self._queued -= 1
+
+    def _write_now(self, frame: bytes) -> bool:
+        """A small frame at once, when no other write is under way or queued (a
+        call's request, as a rule): a FIFO takes up to PIPE_BUF bytes whole or
+        not at all, so nothing is left half-written, and no task is needed (a
+        task and its wake-ups per call cost more than the write). False: the
+        frame takes the queue."""
+        lock = self._write_lock
+        if len(frame) > select.PIPE_BUF or lock is None or lock.locked() or self._queued:
+            return False
+        if self.closed is not None:
+            return False  # the queue raises why
+        try:
+            os.write(self._in_fd, frame)
+        except BlockingIOError:
+            return False
+        except OSError as err:
+            if err.errno in (errno.EPIPE, errno.EBADF):
+                raise AgentError(f"agent channel: {err}") from err
+            raise
+        return True
 
     @staticmethod
     async def _next(queue: asyncio.Queue[Frame | BaseException]) -> Frame:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,7 @@ from contract.errors import ExecFailed, FileNotFound, SandboxError
 from sandbox.agent import (
     HEADER,
     MAGIC,
+    AgentChannel,
     AgentProtocolError,
     FrameDecoder,
     _error_of,
@@ -119,3 +124,34 @@ def test_an_attached_channel_skips_what_the_old_reader_left_half_read() -> None:
         assert decoder.skipped == len(old) - cut
         with pytest.raises(AgentProtocolError):
             decoder.feed(b"GARBAGE-GARBAGE-GARBAGE")
+
+
+async def test_small_frames_go_at_once_and_never_overtake_queued_ones(tmp_path: Path) -> None:
+    """A call's request is written straight away (no task); a frame too large for
+    one FIFO write takes the queue, and a small one after it waits its turn."""
+    channel = AgentChannel.prepare(tmp_path / "channel")
+    agent_in = os.open(channel.stdin_path, os.O_RDONLY | os.O_NONBLOCK)
+    agent_out = os.open(channel.stdout_path, os.O_WRONLY | os.O_NONBLOCK)  # the agent's end
+    channel.start()
+    decoder, seen = FrameDecoder(), list[int]()
+
+    def read_some() -> None:
+        with contextlib.suppress(BlockingIOError):
+            seen.extend(frame.call_id for frame in decoder.feed(os.read(agent_in, 1 << 20)))
+
+    try:
+        await channel._send(1, {"op": "hello"})
+        read_some()
+        assert seen == [1]
+        big = asyncio.ensure_future(channel._send(2, {"op": "put_data"}, b"x" * (1 << 20)))
+        await asyncio.sleep(0)  # it fills the FIFO and waits for room
+        small = asyncio.ensure_future(channel._send(3, {"op": "hello"}))
+        while not (big.done() and small.done()):
+            read_some()
+            await asyncio.sleep(0.001)
+        read_some()
+        assert seen == [1, 2, 3]
+    finally:
+        channel.close()
+        os.close(agent_in)
+        os.close(agent_out)

@@ -38,7 +38,8 @@ from observability.metrics import Metrics
 from observability.records import RecordWriter
 
 NODE_LOST_SIGNAL = "node_lost"
-# A node not heard from for this long gets no new episode (heartbeats every 5 s).
+# A node listed by a registry of before presence (workflows/nodes.py) and not
+# heard from for this long gets no new episode (keep-alives every 10 s).
 SILENT_AFTER_S = 15.0
 # A placement counts against its node until a heartbeat newer than it (which
 # counts the sandbox itself), and at most this long.
@@ -114,9 +115,14 @@ def room_problem(node: NodeInfo, reserved: list[_Reservation]) -> str | None:
     measured (activities/capacity.py) plus what was placed since it reported."""
     if node.state != "ready":
         return node.state
-    # Silent for three heartbeats: on its way to lost (and the cached registry
-    # may be a second behind the registry's own verdict).
-    if time.time() - node.last_seen.timestamp() > SILENT_AFTER_S:
+    # Its presence ended: its worker stopped (or it went quiet), and it is lost
+    # unless it beats again soon; placed on now, an episode would wait for that.
+    if node.present is False:
+        return "not present"
+    # A present node signals only on news, so its silence says nothing; one a
+    # registry of before presence lists is silent past a keep-alive and a half:
+    # on its way to lost.
+    if node.present is None and time.time() - node.last_seen.timestamp() > SILENT_AFTER_S:
         return "silent"
     cap, use = node.heartbeat.capacity, node.heartbeat.use
     if not use.admitting:

@@ -128,6 +128,7 @@ ERROR_KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("RequestFailed"),  # an Update's activity failed with no typed cause
     ErrorKind("IdleTimeout"),  # an interactive episode nobody called for its idle TTL
     ErrorKind("JanitorFailed"),
+    ErrorKind("NodeStopping"),  # a node worker's presence, at its shutdown (non_retryable itself)
     # The episode's refusals of a request (Update validators raise ValueError).
     ErrorKind("ValueError", refusal=True),
     ErrorKind("InvalidRequest", refusal=True),

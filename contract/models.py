@@ -540,6 +540,9 @@ class NodeHeartbeat(BaseModel):
     warm: dict[str, int] = Field(default_factory=dict)  # ready warm sandboxes per image
     load1: float = 0.0
     host: str = ""
+    # One node worker process's start (a new one: the worker restarted, so the
+    # registry arms its presence again rather than wait out the old one's timeout).
+    boot: str = ""
 
 
 class TenantConfig(_Spec):
@@ -588,8 +591,12 @@ class NodeInfo(BaseModel):
     heartbeat: NodeHeartbeat
     state: NodeState = "ready"
     draining: bool = False
-    last_seen: datetime
+    last_seen: datetime  # its last heartbeat signal (news), or when its presence ended
     joined: datetime
+    # Its presence activity (workflows/nodes.py): True running, so alive however
+    # long since its last signal (sent only on news); False ended (its worker
+    # stopped, or it went quiet); None from a registry that predates presence.
+    present: bool | None = None
 
     @property
     def name(self) -> str:

@@ -94,6 +94,9 @@ class SimReport(BaseModel):
     stuck: int  # still running when the grace ran out
     placement_p50_ms: float
     placement_p99_ms: float
+    # The slowest placements: [seconds after the first arrival, ms]; the faults
+    # strike at half the duration.
+    slowest_placements: list[tuple[float, float]] = []
     episodes_per_s: float
     temporal_cpu_ms_per_episode: float
     temporal_cpu_ms_per_step: float
@@ -328,6 +331,14 @@ class _Run:
             for ep, at in self.submitted.items()
             if ep in self.stats.first_activity
         ]
+        slowest = sorted(
+            (
+                (round(at - began, 1), round((self.stats.first_activity[ep] - at) * 1000.0, 1))
+                for ep, at in self.submitted.items()
+                if ep in self.stats.first_activity
+            ),
+            key=lambda pair: -pair[1],
+        )[:3]
         per_episode = temporal_cpu / max(started, 1)
         net = max(temporal_cpu - idle_share * run_s * 1000.0, 0.0) / max(started, 1)
         return SimReport(
@@ -342,6 +353,7 @@ class _Run:
             stuck=outcome["stuck"],
             placement_p50_ms=round(percentile(latencies, 0.50), 1),
             placement_p99_ms=round(percentile(latencies, 0.99), 1),
+            slowest_placements=slowest,
             episodes_per_s=round(outcome["completed"] / run_s, 2),
             temporal_cpu_ms_per_episode=round(per_episode, 1),
             temporal_cpu_ms_per_step=round(per_episode / self.options.steps, 2),

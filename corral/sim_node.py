@@ -4,13 +4,15 @@ It registers the activity names the episode and janitor workflows call
 (`corral.provision`, `corral.run_scripted`, `corral.exec_step`, ...) with fakes
 that sleep durations drawn from the measured distributions in `Timings`, and
 it heartbeats to the node registry through the real `send_heartbeat`, with a
-`NodeHeartbeat` that counts its fake sandboxes. Everything on the other side
+`NodeHeartbeat` that counts its fake sandboxes, and runs the real presence
+activity (`activities/presence.py`) its registry shard arms on it. Everything on the other side
 (Temporal, the workflow worker, registry, placement, admission, janitor) is
 the real code, unchanged.
 
 Faults: `kill` stops the node as a crash would (heartbeats end, the worker
 stops polling, its running activities never complete normally); `partition`
-silences its heartbeats for a while; `slow` multiplies every duration.
+silences its heartbeats, signals and presence both, for a while; `slow`
+multiplies every duration.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.presence import Presence
 from contract.models import (
     ExecStepInput,
     FileContent,
@@ -105,6 +108,8 @@ class SimNode:
         self._worker: Worker | None = None
         self._beats: asyncio.Task[None] | None = None
         self._gate = BeatGate()  # the node worker's rule: news, or the keep-alive
+        self._boot = f"{self._rng.randrange(1 << 48):012x}"
+        self.presence = Presence(silenced=lambda: time.monotonic() < self._silent_until)
 
     # ------------------------------------------------------------ lifecycle
     def activities(self) -> list[Callable[..., object]]:
@@ -118,6 +123,7 @@ class SimNode:
             self.freeze,
             self.thaw,
             self.reap_orphans,
+            *self.presence.activities(),
         ]
 
     def start(self, client: Client) -> None:
@@ -170,6 +176,7 @@ class SimNode:
             use=NodeUsage(sandboxes=count, busy=self._busy, memory_mb=count * 16, pids=count * 4),
             images=[SIM_IMAGE],
             host="sim",
+            boot=self._boot,
         )
 
     async def _heartbeat_forever(self, client: Client) -> None:
@@ -183,7 +190,7 @@ class SimNode:
 
     async def _beat(self, client: Client, tick: float) -> None:
         beat = self.heartbeat()
-        if not self._gate.due(beat, tick):
+        if not self._gate.due(beat, tick, self.presence.armed):
             return
         try:
             await send_heartbeat(client, self._workflow_queue, beat)

@@ -1,9 +1,10 @@
 """A node's heartbeat to the node registry: who it is, what it holds, how busy.
 
 Looked at every `HEARTBEAT_EVERY_S` by each node worker and sent (signal-with-
-start of its `NodeRegistryWorkflow` shard) when placement's facts changed or
-the keep-alive is due (`BeatGate`), so a node on any host joins the fleet by
-reaching Temporal, and stops being placed on within seconds of going silent.
+start of its `NodeRegistryWorkflow` shard) when placement's facts changed, so
+a node on any host joins the fleet by reaching Temporal. Liveness is the
+presence activity the registry runs on the node (`activities/presence.py`);
+only while none runs does the loop send a keep-alive (`BeatGate`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import logging
 import os
 import socket
 import time
+import uuid
 from importlib.metadata import PackageNotFoundError, version
 
 from temporalio.client import Client
 
 from activities.node import NodeActivities
 from activities.pool import WarmPool
+from activities.presence import Presence
 from contract.config import StackConfig
 from contract.models import NodeHeartbeat
 from sandbox import Containerd
@@ -40,6 +43,7 @@ async def build_heartbeat(
     activities: NodeActivities,
     containerd: Containerd,
     pool: WarmPool | None,
+    boot: str = "",
 ) -> NodeHeartbeat:
     images = await containerd.images.list()
     return NodeHeartbeat(
@@ -52,6 +56,7 @@ async def build_heartbeat(
         warm=pool.counts() if pool is not None else {},
         load1=os.getloadavg()[0],
         host=socket.gethostname(),
+        boot=boot,
     )
 
 
@@ -61,15 +66,17 @@ async def heartbeat_forever(
     node: str,
     activities: NodeActivities,
     containerd: Containerd,
+    presence: Presence,
     pool: WarmPool | None = None,
 ) -> None:
     """Until cancelled; a failed beat is logged and the next one tried."""
     gate = BeatGate()
+    boot = uuid.uuid4().hex[:12]  # this worker process, for the registry
     tick = time.monotonic()
     while True:
         try:
-            beat = await build_heartbeat(config, node, activities, containerd, pool)
-            if gate.due(beat, tick):
+            beat = await build_heartbeat(config, node, activities, containerd, pool, boot)
+            if gate.due(beat, tick, presence.armed):
                 await send_heartbeat(client, config.workers.workflow_task_queue, beat)
                 gate.sent(beat, tick)
         except asyncio.CancelledError:

@@ -29,6 +29,7 @@ from activities.foreground import Foreground
 from activities.gateway import NodeGateway
 from activities.node import NodeActivities
 from activities.pool import WarmPool
+from activities.presence import Presence
 from activities.sensorwatch import SensorWatch
 from activities.snapshots import SnapshotActivities
 from activities.toolcalls import ToolCallActivities
@@ -148,6 +149,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
         registry=registry_options(config.registry),
         gateway=gateway,
     )
+    presence = Presence()  # the registry's liveness check, run here (workflows/nodes.py)
     oom_watch = asyncio.create_task(watch_ooms(containerd, node, metrics))
     background: list[asyncio.Task[None]] = [oom_watch]
     try:
@@ -164,11 +166,14 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
                 *node_activities.activities(),
                 *snapshots.activities(),
                 *tool_calls.activities(),
+                *presence.activities(),
             ],
             max_concurrent_activities=500,
         )
         async with worker:
-            beats = heartbeat_forever(client, config, node, node_activities, containerd, pool)
+            beats = heartbeat_forever(
+                client, config, node, node_activities, containerd, presence, pool
+            )
             background.append(asyncio.create_task(beats))
             retention_s = config.nodes.snapshot_retention_s
             if retention_s > 0:

@@ -1,20 +1,28 @@
 """The node registry: which nodes exist, what they hold, and which are lost.
 
 Nodes on any host join through Temporal alone: each node worker signals its
-heartbeat (`NodeHeartbeat`) to a long-running `NodeRegistryWorkflow` every
-few seconds, signal-with-start, so the first node to come up creates it. The
-registry is `REGISTRY_SHARDS` such workflows, a node's shard fixed by a hash
-of its name: at 1,000 nodes one workflow would take 200 signals a second,
-each shard takes about 6 (docs/benchmarks.md, "corral sim").
+heartbeat (`NodeHeartbeat`) to a long-running `NodeRegistryWorkflow` when
+what placement reads of it changed, signal-with-start, so the first node to
+come up creates it. The registry is `REGISTRY_SHARDS` such workflows, a
+node's shard fixed by a hash of its name (docs/benchmarks.md, "corral sim").
 Placement reads the registry (through the workflow worker's cached copy, see
 `activities/placement.py`); on-call drains nodes through it.
 
-A node whose heartbeats stop for `LOST_AFTER_S` is marked lost; the registry
-then tells every episode still running there (`node_lost` signal, found by
-the `SandboxNode` search attribute) so that none hangs. When a lost node
-heartbeats again it is ready again; its node worker reaps its leftovers
-before it polls for work. A node lost for `FORGET_LOST_AFTER_S` leaves the
-registry; `forget` removes one at once.
+Liveness is not a signal: on a node's first beat its shard starts a presence
+activity on the node's own queue (`activities/presence.py`), which the node
+heartbeats until cancelled. Activity heartbeats write no history event and
+wake no workflow; when the node dies the server's heartbeat timeout (or the
+schedule-to-start timeout, for a node that never picked it up) fails the
+activity and the node is lost at once. A node worker that stops says so
+(`NodeStopping`): it is lost `LOST_AFTER_S` later unless a worker of it beats
+again (a restart). A continue-as-new abandons the old run's presence
+activities; the new run arms them again for every node not lost.
+
+A lost node's episodes are told (`node_lost` signal, found by the
+`SandboxNode` search attribute) so that none hangs. When a lost node beats
+again it is ready again; its node worker reaps its leftovers before it polls
+for work. A node lost for `FORGET_LOST_AFTER_S` leaves the registry; `forget`
+removes one at once.
 """
 
 from __future__ import annotations
@@ -24,11 +32,14 @@ import contextlib
 import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 from temporalio.service import RPCError
 
 with workflow.unsafe.imports_passed_through():
@@ -40,13 +51,23 @@ REGISTRY_WORKFLOW_ID = "corral-node-registry"  # shard 0 keeps the single regist
 # 1,600 nodes beating every 5 s.
 REGISTRY_SHARDS = 32
 HEARTBEAT_EVERY_S = 5.0  # a node looks this often whether it has news to send
-# A node with no news beats this often anyway (the keep-alive); placement stops
-# using a node silent for 15 s (activities/placement.py SILENT_AFTER_S).
+# A node whose presence activity is not running (not armed yet, or its registry
+# lost track) signals this often anyway (the keep-alive); placement skips a node
+# whose presence ended (activities/placement.py).
 KEEPALIVE_EVERY_S = 10.0
-# Lost within 30 s of the last heartbeat: LOST_AFTER_S plus one check period;
-# two keep-alives and a half may go missing first.
+# A node not present and silent this long is lost (checked every CHECK_EVERY_S);
+# a present node is lost when its presence activity's heartbeats stop for as long.
 LOST_AFTER_S = 25.0
+# The presence activity's heartbeat timeout, and how long it may wait for the
+# node to pick it up. The SDK heartbeats every 0.8 x this: 1,000 nodes make 50
+# heartbeat calls a second, none of them a history event.
+PRESENCE_TIMEOUT_S = LOST_AFTER_S
+# Presence runs until cancelled; this only bounds a forgotten one. One that ends
+# this way is armed again, not counted as a loss.
+PRESENCE_MAX_S = 30 * 24 * 3600.0
+PRESENCE_PATCH = "presence-activity"  # registries recorded before presence replay without it
 CHECK_EVERY_S = 5.0
+IDLE_CHECK_EVERY_S = 60.0  # every node present: only continue-as-new is looked at
 RETELL_LOST_EVERY_S = 30.0
 # A node lost this long is dropped from the registry (`corral node list`).
 FORGET_LOST_AFTER_S = 600.0
@@ -69,19 +90,33 @@ class NodeRegistryWorkflow:
         self._signals = 0
         self._lost_queue: list[str] = []
         self._told: dict[str, datetime] = {}  # when each lost node's episodes were told
+        self._presence: dict[str, _Armed] = {}  # this run's presence activity per node
 
     @workflow.run
     async def run(self, state: RegistryState | None = None) -> None:
+        if workflow.patched(PRESENCE_PATCH):
+            # The last run's presence activities were abandoned with it.
+            for info in self._s.nodes.values():
+                if info.state != "lost" and info.name not in self._presence:
+                    self._arm(info)
         while self._signals < MAX_SIGNALS_PER_RUN and not _suggested():
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: bool(self._lost_queue), timeout=timedelta(seconds=CHECK_EVERY_S)
-                )
+            await self._wait()
             self._mark_lost()
             while self._lost_queue:
                 await self._tell_episodes(self._lost_queue.pop(0))
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(self._s)
+
+    async def _wait(self) -> None:
+        """Until a lost node is to be told, or the next check. With every node
+        present nothing is checked by the clock (a presence timeout wakes the
+        loop): a workflow task a minute, not every 5 s per shard."""
+        if self._needs_clock():
+            wake, every = (lambda: bool(self._lost_queue)), CHECK_EVERY_S
+        else:
+            wake, every = self._idle_wake, IDLE_CHECK_EVERY_S
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(wake, timeout=timedelta(seconds=every))
 
     def _mark_lost(self) -> None:
         now = workflow.now()
@@ -90,7 +125,7 @@ class NodeRegistryWorkflow:
             self._forget(name)
         for info in self._s.nodes.values():
             silent = (now - info.last_seen).total_seconds()
-            if info.state != "lost" and silent > LOST_AFTER_S:
+            if info.state != "lost" and not info.present and silent > LOST_AFTER_S:
                 info.state = "lost"
                 workflow.logger.warning("node %s lost: silent for %.0f s", info.name, silent)
             if info.state == "lost" and self._tell_due(info.name, now):
@@ -100,6 +135,15 @@ class NodeRegistryWorkflow:
                 self._lost_queue.append(info.name)
         for name in [n for n in self._told if self._s.nodes[n].state != "lost"]:
             del self._told[name]
+
+    def _idle_wake(self) -> bool:
+        """The clock is needed again, or it is time to continue as new."""
+        full = self._signals >= MAX_SIGNALS_PER_RUN
+        return bool(self._lost_queue) or self._needs_clock() or full
+
+    def _needs_clock(self) -> bool:
+        """A node not present: the silence rule, a lost node's retelling and expiry."""
+        return any(not info.present for info in self._s.nodes.values())
 
     def _tell_due(self, node: str, now: datetime) -> bool:
         told = self._told.get(node)
@@ -113,19 +157,75 @@ class NodeRegistryWorkflow:
             retry_policy=RetryPolicy(maximum_attempts=5),
         )
 
+    # ------------------------------------------------------------ presence
+    def _arm(self, info: NodeInfo) -> None:
+        """Start the node's presence activity, cancelling one armed before (a
+        restarted worker's predecessor: its timeout must not lose the node)."""
+        old = self._presence.pop(info.name, None)
+        if old is not None:
+            old.handle.cancel()
+        handle = workflow.start_activity(
+            "corral.presence",
+            NodeRef(name=info.name),
+            task_queue=info.heartbeat.task_queue,
+            schedule_to_start_timeout=timedelta(seconds=PRESENCE_TIMEOUT_S),
+            heartbeat_timeout=timedelta(seconds=PRESENCE_TIMEOUT_S),
+            start_to_close_timeout=timedelta(seconds=PRESENCE_MAX_S),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+        armed = _Armed(boot=info.heartbeat.boot, handle=handle)
+        self._presence[info.name] = armed
+        info.present = True
+        armed.watch = asyncio.create_task(self._watch(info.name, armed))
+
+    async def _watch(self, name: str, armed: _Armed) -> None:
+        silent = False
+        try:
+            await armed.handle
+        except asyncio.CancelledError:
+            return  # cancelled here: armed again or forgotten
+        except ActivityError as err:
+            silent = _timed_out(err)
+        if self._presence.get(name) is not armed:
+            return  # superseded while it ended
+        del self._presence[name]
+        info = self._s.nodes.get(name)
+        if info is None:
+            return
+        info.present = False
+        now = workflow.now()
+        if not silent:
+            # Its worker stopped (or presence ran out): lost by the silence rule
+            # unless a worker of it beats again.
+            info.last_seen = now
+            return
+        # Its last heartbeat was PRESENCE_TIMEOUT_S ago; that is when it was last
+        # seen (and where the lost node's 10 minutes in the list start).
+        info.last_seen = max(info.last_seen, now - timedelta(seconds=PRESENCE_TIMEOUT_S))
+        if info.state != "lost":
+            info.state = "lost"
+            workflow.logger.warning("node %s lost: its presence timed out", name)
+            self._told[name] = now
+            self._lost_queue.append(name)
+
     @workflow.signal
     def heartbeat(self, beat: NodeHeartbeat) -> None:
         self._signals += 1
         now = workflow.now()
         known = self._s.nodes.get(beat.name)
         draining = beat.name in self._s.drained or (known is not None and known.draining)
-        self._s.nodes[beat.name] = NodeInfo(
+        info = NodeInfo(
             heartbeat=beat,
             state="draining" if draining else "ready",
             draining=draining,
             last_seen=now,
             joined=known.joined if known is not None and known.state != "lost" else now,
+            present=known.present if known is not None else None,
         )
+        self._s.nodes[beat.name] = info
+        armed = self._presence.get(beat.name)
+        if (armed is None or armed.boot != beat.boot) and workflow.patched(PRESENCE_PATCH):
+            self._arm(info)
 
     @workflow.signal
     def drain(self, node: NodeRef) -> None:
@@ -146,6 +246,9 @@ class NodeRegistryWorkflow:
     def _forget(self, name: str) -> None:
         self._s.nodes.pop(name, None)
         self._told.pop(name, None)
+        armed = self._presence.pop(name, None)
+        if armed is not None:
+            armed.handle.cancel()  # a live node beats again (keep-alive) and rejoins
         if name in self._s.drained:
             self._s.drained.remove(name)
         # A lost-node fan-out already queued still runs: its episodes must hear.
@@ -164,6 +267,23 @@ class NodeRegistryWorkflow:
     @workflow.query
     def nodes(self) -> list[NodeInfo]:
         return sorted(self._s.nodes.values(), key=lambda info: info.name)
+
+
+@dataclass
+class _Armed:
+    boot: str  # the node worker it was armed for
+    handle: workflow.ActivityHandle[Any]
+    watch: asyncio.Task[None] | None = None  # held here so that it is not collected
+
+
+def _timed_out(err: ActivityError) -> bool:
+    """The node went quiet (heartbeats stopped, or it never picked presence up),
+    as opposed to its worker saying it stops or presence running its course."""
+    cause = err.cause
+    return isinstance(cause, ActivityTimeout) and cause.type in (
+        TimeoutType.HEARTBEAT,
+        TimeoutType.SCHEDULE_TO_START,
+    )
 
 
 def _suggested() -> bool:
@@ -196,18 +316,20 @@ def node_registry(client: Client, node: str) -> WorkflowHandle[NodeRegistryWorkf
 class BeatGate:
     """Whether a node's beat is worth a signal: sent when what placement reads
     changed (sandboxes, admission, images, warm sandboxes), else only as the
-    keep-alive. An idle fleet of 1,000 nodes then sends 100 signals a second,
-    not 200 (docs/benchmarks.md, "corral sim")."""
+    keep-alive, and that only while the node's presence activity is not
+    running (`present`): an idle fleet whose presence is armed sends none."""
 
     _sent: tuple[object, ...] | None = None
     _sent_at: float = -KEEPALIVE_EVERY_S
 
-    def due(self, beat: NodeHeartbeat, now: float) -> bool:
+    def due(self, beat: NodeHeartbeat, now: float, present: bool = False) -> bool:
         # Beats are looked at every HEARTBEAT_EVERY_S: the keep-alive is due on
         # the tick that lands about KEEPALIVE_EVERY_S after the last send, not
         # one tick later (which would leave placement's 15 s silence too close).
         keepalive = KEEPALIVE_EVERY_S - HEARTBEAT_EVERY_S / 2
-        return _news(beat) != self._sent or now - self._sent_at >= keepalive
+        if _news(beat) != self._sent:
+            return True
+        return not present and now - self._sent_at >= keepalive
 
     def sent(self, beat: NodeHeartbeat, now: float) -> None:
         self._sent, self._sent_at = _news(beat), now

@@ -134,6 +134,21 @@ def test_a_silent_node_gets_no_episode_before_it_is_marked_lost() -> None:
     assert placement.node is None and "quiet silent" in placement.reason
 
 
+def test_a_present_node_is_placed_on_however_long_since_its_last_signal() -> None:
+    """Nodes signal only on news; their presence activity says they are alive."""
+    quiet = _node("quiet").model_copy(
+        update={"last_seen": datetime.now(UTC) - timedelta(hours=1), "present": True}
+    )
+    assert choose_node([quiet], _request(), Reservations(), random.Random(2)).node == "quiet"
+
+
+def test_a_node_whose_presence_ended_gets_no_episode() -> None:
+    """Its worker stopped: it is lost unless it comes back, so nothing waits on it."""
+    stopped = _node("gone").model_copy(update={"present": False})
+    placement = choose_node([stopped], _request(), Reservations(), random.Random(2))
+    assert placement.node is None and "gone not present" in placement.reason
+
+
 async def test_a_cold_view_reads_the_registry_before_anyone_waits() -> None:
     """Right after `corral up` the workflow worker's view may not hold the node
     that just joined: placement reads the registry then, instead of putting the

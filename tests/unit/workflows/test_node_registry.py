@@ -2,10 +2,14 @@
 
 `corral.node_lost` is a fake that records whom it was asked to tell; the real
 fan-out (visibility query + signals) runs on the stack in the fleet tests.
+Nodes are the real presence activity (`activities/presence.py`) on a worker of
+the node's queue, heartbeating every 50 ms so that skipped time (5 s a step,
+`_pass`) sees them beat; a node with no such worker never picks presence up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -18,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from test_episode_time_skipping import _test_server
 
+from activities.presence import Presence
 from contract.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
 from workers.temporal import workflow_runner
 from workflows.nodes import (
@@ -25,6 +30,7 @@ from workflows.nodes import (
     HEARTBEAT_EVERY_S,
     KEEPALIVE_EVERY_S,
     LOST_AFTER_S,
+    MAX_SIGNALS_PER_RUN,
     REGISTRY_SHARDS,
     RETELL_LOST_EVERY_S,
     BeatGate,
@@ -41,14 +47,42 @@ QUEUE = "registry-under-test"
 _NAMES = ("a", "b", "c", "d")
 
 
-def _beat(name: str) -> NodeHeartbeat:
+def _beat(name: str, boot: str = "1") -> NodeHeartbeat:
     return NodeHeartbeat(
         name=name,
         task_queue=f"corral-node-{name}",
         version="test",
         capacity=NodeCapacity(cores=2, memory_mb=1024, pids=1000, max_sandboxes=10),
         use=NodeUsage(),
+        boot=boot,
     )
+
+
+@contextlib.asynccontextmanager
+async def _node(
+    env: WorkflowEnvironment, name: str, presence: Presence | None = None
+) -> AsyncIterator[Presence]:
+    """A node worker that runs only presence, heartbeating every 50 ms."""
+    presence = presence or Presence(every_s=0.05)
+    async with Worker(
+        env.client,
+        task_queue=f"corral-node-{name}",
+        activities=presence.activities(),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=50),
+        default_heartbeat_throttle_interval=timedelta(milliseconds=50),
+    ):
+        yield presence
+
+
+async def _pass(env: WorkflowEnvironment, seconds: float) -> None:
+    """Let `seconds` of workflow time go by, the nodes heartbeating between steps."""
+    for _ in range(int(seconds // 5)):
+        await env.sleep(timedelta(seconds=5))
+        await asyncio.sleep(0.2)
+
+
+async def _states(env: WorkflowEnvironment) -> dict[str, str]:
+    return {n.name: n.state for n in await list_nodes(env.client)}
 
 
 @pytest.fixture
@@ -82,28 +116,105 @@ async def registry() -> AsyncIterator[tuple[WorkflowEnvironment, list[str]]]:
 
 async def test_join_drain_and_loss(registry: tuple[WorkflowEnvironment, list[str]]) -> None:
     env, told = registry
-    await send_heartbeat(env.client, QUEUE, _beat("a"))
-    await send_heartbeat(env.client, QUEUE, _beat("b"))
-    assert {(n.name, n.state) for n in await list_nodes(env.client)} == {
-        ("a", "ready"),
-        ("b", "ready"),
-    }
-    await drain_node(env.client, "b")
-    assert {n.name: n.state for n in await list_nodes(env.client)}["b"] == "draining"
-
-    # "a" keeps beating, "b" goes silent: lost within LOST_AFTER_S plus a check.
-    for _ in range(int(LOST_AFTER_S // 5) + 2):
-        await env.sleep(timedelta(seconds=5))
+    quiet = False
+    b_presence = Presence(silenced=lambda: quiet, every_s=0.05)
+    async with _node(env, "a"), _node(env, "b", b_presence):
         await send_heartbeat(env.client, QUEUE, _beat("a"))
-    states = {n.name: n.state for n in await list_nodes(env.client)}
-    assert states == {"a": "ready", "b": "lost"}
-    assert told == ["b"]
+        await send_heartbeat(env.client, QUEUE, _beat("b"))
+        assert await _states(env) == {"a": "ready", "b": "ready"}
+        await drain_node(env.client, "b")
+        assert (await _states(env))["b"] == "draining"
 
-    await env.sleep(timedelta(seconds=RETELL_LOST_EVERY_S + 10))
-    assert told.count("b") >= 2  # told again while it stays lost
+        # Neither signals again; "a" stays by its presence alone, "b" goes
+        # quiet and is lost when its presence times out.
+        quiet = True
+        await _pass(env, LOST_AFTER_S + 10)
+        assert await _states(env) == {"a": "ready", "b": "lost"}
+        assert told == ["b"]
+        assert {n.name: n.present for n in await list_nodes(env.client)} == {"a": True, "b": False}
 
-    await send_heartbeat(env.client, QUEUE, _beat("b"))  # it comes back, still drained
-    assert {n.name: n.state for n in await list_nodes(env.client)}["b"] == "draining"
+        await _pass(env, RETELL_LOST_EVERY_S + 10)
+        assert told.count("b") >= 2  # told again while it stays lost
+
+        # Its heartbeats get out again: refused (timed out), so presence ends on
+        # the node, which is not its death: the beat loop's keep-alive rejoins it.
+        quiet = False
+        for _ in range(50):
+            if not b_presence.armed:
+                break
+            await asyncio.sleep(0.1)
+        assert not b_presence.armed
+        await send_heartbeat(env.client, QUEUE, _beat("b"))  # it comes back, still drained
+        await _pass(env, 10)
+        assert (await _states(env))["b"] == "draining"
+        assert b_presence.armed
+
+
+async def test_a_node_that_never_picks_up_presence_is_lost(
+    registry: tuple[WorkflowEnvironment, list[str]],
+) -> None:
+    env, told = registry
+    await send_heartbeat(env.client, QUEUE, _beat("c"))  # no worker polls its queue
+    await _pass(env, LOST_AFTER_S + 5)
+    assert await _states(env) == {"c": "lost"}
+    assert told == ["c"]
+
+
+async def test_a_stopped_worker_is_lost_unless_it_comes_back(
+    registry: tuple[WorkflowEnvironment, list[str]],
+) -> None:
+    env, told = registry
+    async with _node(env, "a"), _node(env, "b"):
+        await send_heartbeat(env.client, QUEUE, _beat("a", boot="1"))
+        await send_heartbeat(env.client, QUEUE, _beat("b", boot="1"))
+        await _pass(env, 10)
+    # Both workers stopped (`NodeStopping`): neither is lost at once.
+    await _pass(env, 10)
+    assert await _states(env) == {"a": "ready", "b": "ready"}
+    async with _node(env, "a"):  # "a" restarts, "b" does not
+        await send_heartbeat(env.client, QUEUE, _beat("a", boot="2"))
+        await _pass(env, LOST_AFTER_S + 10)
+        assert await _states(env) == {"a": "ready", "b": "lost"}
+        assert told == ["b"]
+
+
+async def test_a_restarted_worker_is_not_lost_by_its_predecessor(
+    registry: tuple[WorkflowEnvironment, list[str]],
+) -> None:
+    env, told = registry
+    dead = Presence(silenced=lambda: True, every_s=0.05)  # a crash: no heartbeat, no word
+    async with _node(env, "a", dead):
+        await send_heartbeat(env.client, QUEUE, _beat("a", boot="1"))
+        await _pass(env, 10)
+        # The new worker, beside the hung old one (on a queue of its own: the SDK
+        # allows one worker a queue per process).
+        async with _node(env, "a-2"):
+            beat = _beat("a", boot="2").model_copy(update={"task_queue": "corral-node-a-2"})
+            await send_heartbeat(env.client, QUEUE, beat)
+            await _pass(env, LOST_AFTER_S + 10)
+            assert await _states(env) == {"a": "ready"}
+    assert told == []
+
+
+async def test_continue_as_new_arms_presence_again(
+    registry: tuple[WorkflowEnvironment, list[str]],
+) -> None:
+    env, told = registry
+    async with _node(env, "a") as presence:
+        await send_heartbeat(env.client, QUEUE, _beat("a"))
+        first = (await node_registry(env.client, "a").describe()).run_id
+        for _ in range(MAX_SIGNALS_PER_RUN // 100):
+            await asyncio.gather(
+                *(send_heartbeat(env.client, QUEUE, _beat("a")) for _ in range(100))
+            )
+        await _pass(env, 5)
+        assert (await node_registry(env.client, "a").describe()).run_id != first
+        # The old run's presence is refused at its next heartbeat and ends; the
+        # new run's runs on, and the node outlives several timeouts.
+        await _pass(env, 3 * LOST_AFTER_S)
+        assert await _states(env) == {"a": "ready"}
+        assert presence.armed
+    assert told == []
 
 
 async def test_forget_drops_a_node_at_once(registry: tuple[WorkflowEnvironment, list[str]]) -> None:
@@ -146,6 +257,7 @@ def test_a_beat_is_sent_on_news_or_as_the_keep_alive() -> None:
     busier = beat.model_copy(update={"use": NodeUsage(sandboxes=1)})
     assert gate.due(busier, 1.0)
     assert gate.due(beat, KEEPALIVE_EVERY_S)  # nothing new, but it must say it is alive
+    assert not gate.due(beat, KEEPALIVE_EVERY_S, present=True)  # its presence says it
     # Sent a little after one tick, the keep-alive still goes two ticks later.
     gate.sent(beat, 0.3)
     assert gate.due(beat, 2 * HEARTBEAT_EVERY_S)

@@ -47,6 +47,9 @@ RESERVATION_TTL_S = 15.0
 # A waiting episode asks again every 2 s (workflows/episode_support.py PLACE_RETRY_S);
 # one silent for this long has ended or gone elsewhere and leaves the line.
 WAITER_STALE_S = 10.0
+# A node this worker was just told is lost (it runs `corral.node_lost`) is skipped
+# this long: longer than its directory takes to see the verdict (a second or two).
+HEARD_LOST_S = 10.0
 
 
 @dataclass
@@ -220,6 +223,18 @@ class FleetActivities:
         self._reservations = Reservations()
         self._line = WaitingLine()
         self._rng = random.Random()
+        self._heard_lost: dict[str, float] = {}  # node -> monotonic, when told
+
+    def heard_lost(self, node: str) -> None:
+        """Placement stops choosing `node` now, not when the directory next asks
+        its shard: episodes started right after a loss must not go there."""
+        self._heard_lost[node] = time.monotonic()
+
+    def _live_view(self) -> list[NodeInfo]:
+        now = time.monotonic()
+        for node in [n for n, at in self._heard_lost.items() if now - at > HEARD_LOST_S]:
+            del self._heard_lost[node]
+        return [n for n in self._nodes() if n.name not in self._heard_lost]
 
     @activity.defn(name="corral.place")
     async def place(self, request: PlaceInput) -> Placement:
@@ -232,7 +247,7 @@ class FleetActivities:
     def place_in_order(self, waiter: str, request: PlaceInput) -> Placement:
         """A node for `waiter`'s episode, unless the fleet's room is all needed by
         the episodes that asked before it: then its place in the line."""
-        nodes = self._nodes()
+        nodes = self._live_view()
         ahead = self._line.ahead_of(waiter)
         if ahead and ahead >= fleet_room(nodes, self._reservations):
             position = self._line.wait(waiter)
@@ -268,6 +283,7 @@ class FleetActivities:
         (that state is not written to visibility), so they are told too and
         each ignores a node that is not its own. Returns how many were told.
         """
+        self.heard_lost(input.node)
         if self._temporal is None:
             raise RuntimeError("node_lost needs a Temporal client")
         query = (

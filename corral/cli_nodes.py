@@ -98,7 +98,8 @@ async def node_list(ctx: Context, as_json: bool) -> None:
         ago = (now - info.last_seen).total_seconds()
         table.add_row(
             info.name, _state(info.state), str(beat.use.sandboxes), str(beat.use.busy),
-            node_headroom(info), f"{beat.load1:.2f}", beat.host, f"{ago:.0f} s ago",
+            node_headroom(info), f"{beat.load1:.2f}", beat.host,
+            "present" if info.present else f"{ago:.0f} s ago",
         )  # fmt: skip
     out.print(table)
 

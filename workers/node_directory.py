@@ -1,12 +1,9 @@
 """The workflow worker's copy of the node registry, refreshed in the background.
 
-Placement (`activities/placement.py`) reads it for every episode. A shard
-whose answer changed is asked again a second later; one whose answer stayed
-the same is asked half as often each time, down to every `QUIET_EVERY`
-refreshes: with liveness in presence activities a quiet shard's answer
-changes only on news or a loss, and each query costs the server and this
-worker a workflow query task. A shard that does not answer (busy: its query
-buffer is full) keeps its last view; the others are still refreshed.
+Placement (`activities/placement.py`) reads it for every episode; one query
+a second to each registry shard keeps it fresh, whatever the episode rate. A
+shard that does not answer (busy: its query buffer is full) keeps its last
+view; the others are still refreshed.
 """
 
 from __future__ import annotations
@@ -21,9 +18,10 @@ from contract.models import NodeInfo
 from workflows.nodes import REGISTRY_SHARDS, merge_shards, shard_nodes
 
 REFRESH_EVERY_S = 1.0
-# A shard whose answer has not changed is asked at most this many refreshes
-# apart: a node lost, or one that joined an empty shard, shows within 4 s.
-QUIET_EVERY = 4
+# Shards no node has joined are asked only this often: a query costs the
+# server and the workflow worker a few ms each, and small fleets leave most
+# of the 32 shards empty.
+EMPTY_SHARDS_EVERY = 3
 log = logging.getLogger(__name__)
 
 
@@ -33,8 +31,6 @@ class NodeDirectory:
         self._nodes: list[NodeInfo] = []
         self._shards: list[list[NodeInfo]] = [[] for _ in range(REGISTRY_SHARDS)]
         self._refreshes = 0
-        self._every = [1] * REGISTRY_SHARDS  # refreshes between asks, per shard
-        self._due = [0] * REGISTRY_SHARDS  # the refresh at which it is asked next
         self._cold = asyncio.Lock()
 
     def nodes(self) -> list[NodeInfo]:
@@ -52,21 +48,16 @@ class NodeDirectory:
         return self._nodes
 
     async def refresh(self, everything: bool = False) -> None:
-        now = self._refreshes
+        everything = everything or self._refreshes % EMPTY_SHARDS_EVERY == 0
         self._refreshes += 1
-        asked = [k for k in range(REGISTRY_SHARDS) if everything or self._due[k] <= now]
+        asked = [k for k in range(REGISTRY_SHARDS) if everything or self._shards[k]]
         answers = await asyncio.gather(
             *(shard_nodes(self._client, k) for k in asked), return_exceptions=True
         )
         failed = [err for err in answers if isinstance(err, BaseException)]
         for shard, answer in zip(asked, answers, strict=True):
-            if isinstance(answer, BaseException):
-                self._every[shard] = 1  # busy: try again next time
-            elif answer == self._shards[shard]:
-                self._every[shard] = min(2 * self._every[shard], QUIET_EVERY)
-            else:
-                self._shards[shard], self._every[shard] = answer, 1
-            self._due[shard] = now + self._every[shard]
+            if not isinstance(answer, BaseException):
+                self._shards[shard] = answer
         self._nodes = merge_shards(self._shards)
         if failed:
             raise failed[0]  # said once per refresh by refresh_forever

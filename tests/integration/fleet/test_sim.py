@@ -44,7 +44,8 @@ def test_sim_with_a_tenth_of_the_nodes_killed_loses_no_episode() -> None:
     assert report["lost"] == 0 and report["stuck"] == 0
     # Every episode has an answer: done, or failed naming its lost node.
     assert report["completed"] + report["failed_node_lost"] == report["started"]
-    assert report["registry_shards"] > 1  # the heartbeats are spread over shards
+    # Liveness is presence activities; signals are news only, far under the ceiling.
+    assert report["max_signals_per_s_per_workflow"] < 10
 
 
 def test_sim_refuses_a_bad_option_in_one_line() -> None:

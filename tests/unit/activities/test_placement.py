@@ -219,3 +219,11 @@ def test_a_burst_does_not_herd_onto_the_host_sampled_quietest() -> None:
     nodes = [busy, quiet]
     counts = Counter(choose_node(nodes, _request(), reservations, rng).node for _ in range(16))
     assert counts["busy"] >= 4 and counts["quiet"] > counts["busy"]
+
+
+def test_a_node_heard_lost_gets_no_episode_before_the_directory_shows_it() -> None:
+    """The registry's `node_lost` runs on the placing worker: it stops choosing
+    the node at once, not when its cached view next asks that shard."""
+    fleet = FleetActivities(lambda: [_node("dead")])
+    fleet.heard_lost("dead")
+    assert fleet.place_in_order("ep", _request()).node is None

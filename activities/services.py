@@ -38,6 +38,7 @@ from sandbox.userns import range_for_tenant
 __all__ = ["ServiceNotReady", "service_id", "start_services", "stop_services"]
 
 READY_POLL_S = 0.25
+EXIT_SEEN_S = 2.0  # from a process's exit to containerd's task status saying so
 HOSTS = "/etc/hosts"
 
 
@@ -81,7 +82,8 @@ async def start_services(
         try:
             await _add_hosts(sandbox, hosts)
         except CorralError:
-            await _raise_if_exited(service, sandbox)
+            # Its root went with its process; containerd may not have seen the exit yet.
+            await _raise_if_exited(service, sandbox, within_s=EXIT_SEEN_S)
             raise
     # In turn: they all started already, so the wait is the slowest one's.
     for service, sandbox in zip(spec.services, made, strict=True):
@@ -176,9 +178,17 @@ async def _until_ready(service: Service, sandbox: RuntimeSandbox, pid: int) -> N
     )
 
 
-async def _raise_if_exited(service: Service, sandbox: RuntimeSandbox) -> None:
-    if await sandbox.status() not in ("running", "created"):
-        raise ServiceNotReady(f"service {service.name!r} exited before it was ready")
+async def _raise_if_exited(
+    service: Service, sandbox: RuntimeSandbox, within_s: float = 0.0
+) -> None:
+    """ServiceNotReady if the service's process has exited (seen within `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        if await sandbox.status() not in ("running", "created"):
+            raise ServiceNotReady(f"service {service.name!r} exited before it was ready")
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(READY_POLL_S / 5)
 
 
 async def _check(service: Service, sandbox: RuntimeSandbox, pid: int) -> tuple[bool, str]:

@@ -226,6 +226,9 @@ class SnapshotActivities:
             if not await self._has(source, image):
                 return False
             activity.logger.info("copying %s from %s to %s", image, peer, self.node)
+            # A staged snapshot's layer is written now, not when its node is next quiet:
+            # a child here waits for it (a second writer on that node meets the same result).
+            await materialize(source.connection, source.images, image)
             dst = self._containerd
             await copy_image(
                 source.connection,

@@ -452,8 +452,10 @@ class Episode:
         if n < 1:
             raise InvalidEpisodeSpec(f"fork n must be at least 1, got {n}")
         tag = uuid.uuid4().hex[:8]
-        snap = await self.snapshot(f"fork-{tag}")
-        parent: EpisodeSpec = await self._query(EpisodeWorkflow.spec)
+        # The spec does not change with the snapshot: read both at once.
+        snap, parent = await asyncio.gather(
+            self.snapshot(f"fork-{tag}"), self._query(EpisodeWorkflow.spec)
+        )
         fields = {
             **parent.model_dump(exclude={"files", "steps", "interactive"}),
             "services": [

@@ -54,6 +54,11 @@ from sandbox.sandbox import Sandbox
 
 NAMESPACE = "corral-bench-steps"  # the sandbox-layer and ctr sides' own namespace
 SINGLE_CALLS = 20  # the one-at-a-time series on an otherwise idle sandbox
+# "Unloaded": the series starts once the machine uses under a tenth of a core
+# over half a second (at most 20 s after the sandboxes were made).
+QUIET_WINDOW_S = 0.5
+QUIET_MAX_S = 20.0
+QUIET_CORES = 0.1
 EXPECTED = "hi\n"
 Call = Callable[[int], Awaitable[str]]  # sandbox index -> the call's stdout
 
@@ -78,6 +83,7 @@ class StepSide(BaseModel):
     step_p50_ms: float = 0.0
     step_p90_ms: float = 0.0
     single_call_p50_ms: float = 0.0  # one call at a time, nothing else of the bench running
+    settled_s: float = 0.0  # the wait for a quiet machine before that series
     cpu_ms_per_step: float = 0.0  # all of the machine's busy CPU / calls
     temporal_cpu_ms_per_step: float | None = None  # Corral only: the Temporal server's share
     history_events_per_step: float | None = None  # Corral only
@@ -127,8 +133,25 @@ async def _concurrent(side: StepSide, plan: Plan, call: Call) -> None:
     side.cpu_ms_per_step = round(busy * 1000 / side.calls, 2)
 
 
+async def _settled(
+    window_s: float = QUIET_WINDOW_S, max_s: float = QUIET_MAX_S, busy_cores: float = QUIET_CORES
+) -> float:
+    """Wait until the machine is quiet: less than `busy_cores` of CPU over a
+    window (the sandboxes just made, their workflows' starts and the warm
+    pool's refill are done), or `max_s`. The seconds waited."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < max_s:
+        before = _busy_cpu_s()
+        await asyncio.sleep(window_s)
+        if (_busy_cpu_s() - before) / window_s < busy_cores:
+            break
+    return round(time.perf_counter() - started, 2)
+
+
 async def _single(side: StepSide, call: Call, count: int) -> None:
-    """One call at a time on the first sandbox: the latency of an unloaded call."""
+    """One call at a time on the first sandbox, once the machine has settled
+    after making the sandboxes: the latency of an unloaded call."""
+    side.settled_s = await _settled()
     ms: list[float] = []
     for _ in range(count):
         started = time.perf_counter()

@@ -37,7 +37,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -208,23 +208,46 @@ async def materialize(conn: Connection, images: ImageStore, name: str) -> ImageI
 async def _stack_empty(conn: Connection, parent: str, name: str, lease: str, what: str) -> None:
     """Commit an empty layer over ``parent`` as ``name``: the chain id the image's
     layers name, holding the staged copy (its parent) as long as the image lives."""
-    key = f"snapshot-chain-{uuid.uuid4().hex[:12]}"
+    await _commit_on(conn, parent, name, lease, what, "snapshot-chain")
+
+
+async def _commit_on(
+    conn: Connection,
+    parent: str,
+    name: str,
+    lease: str,
+    what: str,
+    prefix: str,
+    fill: Callable[[Any], Awaitable[None]] | None = None,
+) -> None:
+    """Prepare a snapshot on ``parent``, let ``fill`` write into it (given its
+    mounts), commit it as ``name``; one committed under that name meanwhile is
+    the same content (ALREADY_EXISTS is fine). The prepared key never stays."""
+    key = f"{prefix}-{uuid.uuid4().hex[:12]}"
     md = conn.md(lease)
     try:
-        await conn.snapshots.Prepare(
+        prepared = await conn.snapshots.Prepare(
             snapshots_pb2.PrepareSnapshotRequest(
                 snapshotter=conn.snapshotter, key=key, parent=parent
             ),
             metadata=md,
         )
+    except grpc.aio.AioRpcError as err:
+        raise map_grpc_error(err, f"{what}: prepare on {parent!r}") from err
+    try:
+        if fill is not None:
+            await fill(prepared.mounts)
         await conn.snapshots.Commit(
             snapshots_pb2.CommitSnapshotRequest(snapshotter=conn.snapshotter, name=name, key=key),
             metadata=md,
         )
-    except grpc.aio.AioRpcError as err:  # ALREADY_EXISTS: an identical one was made meanwhile
+    except grpc.aio.AioRpcError as err:
         await _remove_snapshot_quietly(conn, key)
         if err.code() != grpc.StatusCode.ALREADY_EXISTS:
             raise map_grpc_error(err, f"{what}: commit {name!r}") from err
+    except BaseException:
+        await _remove_snapshot_quietly(conn, key)
+        raise
 
 
 @contextlib.contextmanager
@@ -257,36 +280,19 @@ async def _copy_upper(
     already in its range: its children need no chowned copy of their own.
     The caller holds the sandbox paused, so it is the moment of the diff.
     """
-    key = f"snapshot-copy-{uuid.uuid4().hex[:12]}"
     what = f"snapshot of sandbox {sandbox_id!r}"
-    md = conn.md(lease)
-    with _mapped_errors(sandbox_id):
-        prepared = await conn.snapshots.Prepare(
-            snapshots_pb2.PrepareSnapshotRequest(
-                snapshotter=conn.snapshotter, key=key, parent=parent
-            ),
-            metadata=md,
-        )
-    try:
+
+    async def copy(mounts: Any) -> None:
         await hosttools.run_tool(
             f"{what}: copy of its writable layer",
             *("cp", "-a", "--reflink=auto"),
             f"{_upper_dir(upper, what)}/.",
-            _upper_dir(prepared.mounts, what),
+            _upper_dir(mounts, what),
             error=SnapshotFailed,
             timeout_s=COPY_TIMEOUT_S,
         )
-        await conn.snapshots.Commit(
-            snapshots_pb2.CommitSnapshotRequest(snapshotter=conn.snapshotter, name=name, key=key),
-            metadata=md,
-        )
-    except grpc.aio.AioRpcError as err:  # ALREADY_EXISTS: an identical one was made meanwhile
-        await _remove_snapshot_quietly(conn, key)
-        if err.code() != grpc.StatusCode.ALREADY_EXISTS:
-            raise map_grpc_error(err, f"{what}: commit {name!r}") from err
-    except BaseException:
-        await _remove_snapshot_quietly(conn, key)
-        raise
+
+    await _commit_on(conn, parent, name, lease, what, "snapshot-copy", copy)
 
 
 def _upper_dir(mounts: Any, what: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
@@ -26,9 +27,14 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from contract.models import NodeRef
 
 PRESENCE_ACTIVITY = "corral.presence"
-# How often the activity offers a heartbeat; the SDK sends one at most every
-# 0.8 x the registry's heartbeat timeout, the rest are folded into it.
+# How often the activity offers a heartbeat; the SDK sends the latest at most
+# every 0.8 x the registry's 25 s timeout (20 s), or this throttle if shorter.
 PRESENCE_BEAT_S = 5.0
+# The node worker's heartbeat throttle: one sent every 12.5 s leaves 12.5 s of
+# the 25 s timeout for a late RPC on a busy server (at 20 s, only 5 s would be
+# left: a slow server would lose live nodes). Episode activities (15 s timeout,
+# 12 s throttle) are not affected.
+HEARTBEAT_THROTTLE = timedelta(seconds=12.5)
 
 
 class Presence:

@@ -31,7 +31,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.presence import Presence
+from activities.presence import HEARTBEAT_THROTTLE, Presence
 from contract.models import (
     ExecStepInput,
     FileContent,
@@ -134,6 +134,7 @@ class SimNode:
             activities=self.activities(),
             max_concurrent_activities=self._max_sandboxes * 2,
             max_concurrent_activity_task_polls=1,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,  # as a node worker's
         )
         self._worker_run = asyncio.create_task(self._worker.run())
         self._beats = asyncio.create_task(self._heartbeat_forever(client))

@@ -29,7 +29,7 @@ from activities.foreground import Foreground
 from activities.gateway import NodeGateway
 from activities.node import NodeActivities
 from activities.pool import WarmPool
-from activities.presence import Presence
+from activities.presence import HEARTBEAT_THROTTLE, Presence
 from activities.sensorwatch import SensorWatch
 from activities.snapshots import SnapshotActivities
 from activities.toolcalls import ToolCallActivities
@@ -169,6 +169,7 @@ async def run_node_worker(config: StackConfig, node: str, stop: asyncio.Event) -
                 *presence.activities(),
             ],
             max_concurrent_activities=500,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,  # presence's margin
         )
         async with worker:
             beats = heartbeat_forever(

@@ -59,8 +59,9 @@ KEEPALIVE_EVERY_S = 10.0
 # a present node is lost when its presence activity's heartbeats stop for as long.
 LOST_AFTER_S = 25.0
 # The presence activity's heartbeat timeout, and how long it may wait for the
-# node to pick it up. The SDK heartbeats every 0.8 x this: 1,000 nodes make 50
-# heartbeat calls a second, none of them a history event.
+# node to pick it up. Node workers send a heartbeat every 12.5 s
+# (activities/presence.py): 1,000 nodes make 80 heartbeat calls a second, none
+# of them a history event.
 PRESENCE_TIMEOUT_S = LOST_AFTER_S
 # Presence runs until cancelled; this only bounds a forgotten one. One that ends
 # this way is armed again, not counted as a loss.

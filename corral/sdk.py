@@ -240,12 +240,17 @@ class Episode:
     episode on a clean exit (runs its reward) and cancels it on an exception.
     """
 
-    def __init__(self, handle: WorkflowHandle[Any, Any], corral: Corral | None = None) -> None:
+    def __init__(
+        self, handle: WorkflowHandle[Any, Any], corral: Corral | None = None, *, fresh: bool = False
+    ) -> None:
         self._handle = handle
         self.id = handle.id
         self._result: EpisodeResult | None = None
         self._corral = corral  # starts the children of `fork`
         self._calls: WorkflowHandle[Any, Any] | None = None  # its calls workflow
+        # Just started (`fresh`): its calls workflow starts after its first call, so
+        # that one goes to the episode without asking the calls workflow first.
+        self._calls_may_run = not fresh
 
     async def __aenter__(self) -> Episode:
         return self
@@ -534,13 +539,18 @@ class Episode:
         # runs (workflows/calls.py), else to the episode; the two hand over in
         # turn, so a call that meets the hand-over asks again.
         for attempt in range(_CALL_ROUTE_ATTEMPTS):
-            if (sent := await self._calls_update(name, arg, result_type)) is not _NOT_THERE:
-                return sent
+            if self._calls_may_run:
+                if (sent := await self._calls_update(name, arg, result_type)) is not _NOT_THERE:
+                    return sent
             try:
-                return await self._episode_update(name, arg, result_type)
+                answer = await self._episode_update(name, arg, result_type)
             except EpisodeRequestFailed as err:
                 if err.error_type not in _HANDED_OVER:
                     raise
+            else:
+                self._calls_may_run = True  # from now on it may
+                return answer
+            self._calls_may_run = True
             await asyncio.sleep(min(0.02 * (attempt + 1), 0.2))
         raise EpisodeRequestFailed(
             f"episode {self.id} {name}: its calls workflow did not take the call", "CallsOnNode"
@@ -657,7 +667,7 @@ class Corral:
             raise EpisodeAlreadyExists(f"episode {episode_id!r} exists already") from err
         except RPCError as err:
             raise _rpc_error(episode_id, err) from err
-        return Episode(handle, self)
+        return Episode(handle, self, fresh=True)
 
     async def _start(
         self, spec: EpisodeSpec, episode_id: str, node: str | None

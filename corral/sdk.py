@@ -539,9 +539,11 @@ class Episode:
         # runs (workflows/calls.py), else to the episode; the two hand over in
         # turn, so a call that meets the hand-over asks again.
         for attempt in range(_CALL_ROUTE_ATTEMPTS):
-            if self._calls_may_run:
-                if (sent := await self._calls_update(name, arg, result_type)) is not _NOT_THERE:
-                    return sent
+            if (
+                self._calls_may_run
+                and (sent := await self._calls_update(name, arg, result_type)) is not _NOT_THERE
+            ):
+                return sent
             try:
                 answer = await self._episode_update(name, arg, result_type)
             except EpisodeRequestFailed as err:

@@ -390,6 +390,14 @@ async def shard_nodes(client: Client, shard: int) -> list[NodeInfo]:
         raise
 
 
+async def running_shards(client: Client) -> set[int]:
+    """The shards whose registry workflow runs: one visibility query, where
+    asking each shard would cost a failed query per shard no node has joined."""
+    ids = {registry_id(shard): shard for shard in range(REGISTRY_SHARDS)}
+    query = "WorkflowType = 'NodeRegistryWorkflow' AND ExecutionStatus = 'Running'"
+    return {ids[run.id] async for run in client.list_workflows(query) if run.id in ids}
+
+
 async def drain_node(client: Client, name: str, by: str = "") -> None:
     await node_registry(client, name).signal(NodeRegistryWorkflow.drain, NodeRef(name=name, by=by))
 

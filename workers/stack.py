@@ -335,10 +335,19 @@ class Stack:
         return all(self._sensor_ready_file(n).exists() for n in nodes)
 
     async def _nodes_registered(self, nodes: list[str]) -> bool:
-        """Placement reads the node registry: a node is usable once it is there."""
+        """Placement reads the node registry: a node is usable once it is there.
+        A registry that does not answer yet (its workflow worker restarting
+        answers no query) is asked again, not an error."""
+        from temporalio.service import RPCError
+
         from workflows.nodes import list_nodes
 
-        known = {info.name for info in await list_nodes(await self._temporal())}
+        if not nodes:
+            return True
+        try:
+            known = {info.name for info in await list_nodes(await self._temporal())}
+        except RPCError:
+            return False
         return known >= set(nodes)
 
     async def _queues_polled(self, nodes: list[str], control: bool = True) -> bool:

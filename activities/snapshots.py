@@ -102,14 +102,12 @@ class SnapshotActivities:
         }
         labels = {PARENT_EPISODE_LABEL: input.episode_id, SNAPSHOT_NODE_LABEL: self.node}
         infos = await heartbeating(mapped(self._commit_all(targets, labels)))
-        refs = {sid: info.name for sid, info in infos.items()}
-        if self._registry:
-            for sid, info in infos.items():
+        refs = dict(targets)  # pushed under the registry's name when there is one
+        for sid, info in infos.items():
+            if self._registry:
                 remote = f"{self._registry}/{targets[sid]}"
                 refs[sid] = await heartbeating(mapped(self._share(info, remote)))
-        else:
-            refs = targets
-            for info in infos.values():
+            else:
                 self._materialize_soon(info.name, self._materialize_after_s)
         agent = infos[input.sandbox_id]
         return SnapshotResult(

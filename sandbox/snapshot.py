@@ -81,26 +81,20 @@ async def commit_sandbox(
 ) -> ImageInfo:
     """Commit ``sandbox_id``'s writable layer as image ``ref`` (labels added to the
     image); ``pause=False`` when the caller holds it paused (`paused_all`)."""
-    container = await _container(conn, sandbox_id)
-    base = await images.whole(container.image)
+    base = await _base_image(conn, images, sandbox_id)
     manifest = await images._manifest_from_store(base)
     config = await images._read_json(manifest["config"]["digest"])
     async with conn.lease("snapshot") as lease:
-        parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
+        parent, upper = await _writable_layer(conn, sandbox_id, base, lease)
         suffix = _userns_suffix(parent)
-        with _mapped_errors(sandbox_id):
-            upper = await conn.snapshots.Mounts(
-                snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
-                metadata=conn.md(lease),
-            )
         async with _paused(conn, sandbox_id, pause):
-            layer = await _diff(conn, sandbox_id, parent, upper.mounts, lease)
+            layer = await _diff(conn, sandbox_id, parent, upper, lease)
             # An uncompressed layer's digest is its diff id.
             diff_ids = [*config["rootfs"]["diff_ids"], layer["digest"]]
             chains = chain_ids(diff_ids)
             top = chains[-1] + suffix
             if not await images._has_snapshot(top):  # else: unchanged since the last one
-                await _copy_upper(conn, sandbox_id, upper.mounts, parent, top, lease)
+                await _copy_upper(conn, sandbox_id, upper, parent, top, lease)
         new_manifest = await _stack_layer(images, manifest, config, layer, diff_ids, lease)
         # Under the slot unpacking or the user-namespace copy would have used.
         slot = suffix.removeprefix("@")
@@ -127,22 +121,16 @@ async def stage_sandbox(
     """Image ``ref`` usable on this node at once: a committed copy of the sandbox's
     writable layer under a name of its own, tagged with its base's manifest and
     that copy as its chain. `materialize` writes the layer and the real manifest."""
-    container = await _container(conn, sandbox_id)
-    base = await images.whole(container.image)
-    parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
-    stem = f"corral-staged-{uuid.uuid4().hex[:16]}"
-    staged = stem + _userns_suffix(parent)
+    base = await _base_image(conn, images, sandbox_id)
     # Holds the copy until the chain-id snapshot of the whole image sits on it;
     # it expires by itself (LEASE_TTL) when the worker dies first.
     lease = await conn.create_lease("staged")
     try:
-        with _mapped_errors(sandbox_id):
-            upper = await conn.snapshots.Mounts(
-                snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
-                metadata=conn.md(lease),
-            )
+        parent, upper = await _writable_layer(conn, sandbox_id, base, lease)
+        stem = f"corral-staged-{uuid.uuid4().hex[:16]}"
+        staged = stem + _userns_suffix(parent)
         async with _paused(conn, sandbox_id, pause):
-            await _copy_upper(conn, sandbox_id, upper.mounts, parent, staged, lease)
+            await _copy_upper(conn, sandbox_id, upper, parent, staged, lease)
         target = {"mediaType": base.media_type, "digest": base.digest, "size": base.size}
         all_labels = {
             **labels,
@@ -248,6 +236,25 @@ async def _commit_on(
     except BaseException:
         await _remove_snapshot_quietly(conn, key)
         raise
+
+
+async def _base_image(conn: Connection, images: ImageStore, sandbox_id: str) -> ImageInfo:
+    """The image the sandbox was made from, whole (a staged one's layer written)."""
+    container = await _container(conn, sandbox_id)
+    return await images.whole(container.image)
+
+
+async def _writable_layer(
+    conn: Connection, sandbox_id: str, base: ImageInfo, lease: str
+) -> tuple[str, Any]:
+    """The snapshot the sandbox's writable layer really sits on, and that layer's mounts."""
+    parent = await _snapshot_parent(conn, sandbox_id) or base.chain_id or ""
+    with _mapped_errors(sandbox_id):
+        upper = await conn.snapshots.Mounts(
+            snapshots_pb2.MountsRequest(snapshotter=conn.snapshotter, key=sandbox_id),
+            metadata=conn.md(lease),
+        )
+    return parent, upper.mounts
 
 
 @contextlib.contextmanager

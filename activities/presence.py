@@ -4,8 +4,8 @@ The registry (`workflows/nodes.py`) schedules `corral.presence` on the node's
 own queue with a heartbeat timeout; the node worker runs it and heartbeats
 until it is cancelled. An activity heartbeat writes no history event and
 wakes no workflow, so liveness costs the server a small write every
-`0.8 x timeout` (the SDK's heartbeat throttle) per node instead of a signal
-and a workflow task every 10 s; a node that dies stops heartbeating and the
+`HEARTBEAT_THROTTLE` (12.5 s, the node worker's heartbeat throttle) per node
+instead of a signal and a workflow task every 10 s; a node that dies stops heartbeating and the
 server's timeout tells the registry.
 
 A cancel is never the node's death: the registry cancels presence it armed

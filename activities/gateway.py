@@ -14,7 +14,9 @@ recorded as a `ModelCall`. A refused call gets an OpenAI-shaped error with
 sandbox in a JSON-lines journal on the node (budgets and unreported calls
 survive a worker restart) and handed to the step that ran while they ended
 (`drain`): they travel in that step's `StepResult.model_calls`, i.e. in the
-episode's history, its rollout and `corral export`.
+episode's history, its rollout and `corral export`. A call's index is the order
+the agent made it in, not the order it ended in: a streamed call whose last
+frame the agent read before it sent its next request may end after that one.
 
 A call that starts under the token budget may end over it; the next one is
 refused. Bodies beyond `RECORD_BYTES_PER_STEP` in one step keep their usage
@@ -54,6 +56,12 @@ _NO_RETRY = {"x-should-retry": "false"}
 _HUNG_UP = "model gateway: the agent hung up mid-stream"
 
 
+class _Reported(BaseModel):
+    """A journal line: these calls went out in a step's result."""
+
+    reported: list[int]
+
+
 class _Opened(BaseModel):
     """What `open` was given, kept so a restarted worker opens it again."""
 
@@ -71,8 +79,12 @@ class _Route:
     runner: web.AppRunner | None = None
     calls: int = 0  # started, refused ones excluded: what max_calls counts
     tokens: int = 0
-    next_index: int = 0
+    next_index: int = 0  # given when a call starts
     pending: list[ModelCall] = field(default_factory=list)
+
+    def take_index(self) -> int:
+        index, self.next_index = self.next_index, self.next_index + 1
+        return index
 
     def refusal(self) -> str:
         spec = self.opened.spec
@@ -144,8 +156,9 @@ class NodeGateway:
         route = self._routes.get(sandbox_id)
         if route is None or not route.pending:
             return []
-        calls, route.pending = route.pending, []
-        (self._dir / f"{sandbox_id}.reported").write_text(str(calls[-1].index + 1))
+        calls, route.pending = sorted(route.pending, key=lambda c: c.index), []
+        with route.journal.open("a") as journal:  # a restarted worker reports them no more
+            journal.write(_Reported(reported=[c.index for c in calls]).model_dump_json() + "\n")
         return _fit(calls, RECORD_BYTES_PER_STEP)
 
     async def close(self, sandbox_id: str) -> None:
@@ -282,7 +295,6 @@ class _Call:
     def __init__(
         self, route: _Route, path: str, body: dict[str, Any], started: datetime, clock: float
     ) -> None:
-        self._route = route
         self.path, self.body = path, body
         self.stream = bool(body.get("stream"))
         options = body.get("stream_options")
@@ -292,6 +304,7 @@ class _Call:
             isinstance(options, dict) and options.get("include_usage")
         )
         self._started, self._clock = started, clock
+        self.index = route.take_index()
         self._status, self._error = 0, ""
         self._response: dict[str, Any] | None = None
 
@@ -313,12 +326,10 @@ class _Call:
         return self.record()
 
     def record(self) -> ModelCall:
-        route = self._route
         response: dict[str, Any] = self._response or {}
         facts = TokenFacts(response)
-        index, route.next_index = route.next_index, route.next_index + 1
         return ModelCall(
-            index=index,
+            index=self.index,
             endpoint=self.path,
             model=str(response.get("model") or self.body.get("model") or ""),
             started_at=self._started,
@@ -338,17 +349,25 @@ class _Call:
 
 
 def _replay(route: _Route, reported_file: Path) -> None:
-    """Budgets and unreported calls from the journal a previous worker left."""
+    """Budgets and unreported calls from the journal a previous worker left.
+
+    `reported_file` is the watermark workers before journal `reported` lines
+    kept: every call below it was reported."""
     if not route.journal.is_file():
         return
-    reported = int(reported_file.read_text() or 0) if reported_file.is_file() else 0
+    below = int(reported_file.read_text() or 0) if reported_file.is_file() else 0
+    calls: list[ModelCall] = []
+    reported: set[int] = set()
     for line in route.journal.read_text().splitlines():
+        if line.startswith('{"reported"'):
+            reported.update(_Reported.model_validate_json(line).reported)
+            continue
         call = ModelCall.model_validate_json(line)
+        calls.append(call)
         route.tokens += call.total_tokens
         route.calls += 0 if call.status == 429 and call.error else 1
-        route.next_index = call.index + 1
-        if call.index >= reported:
-            route.pending.append(call)
+        route.next_index = max(route.next_index, call.index + 1)
+    route.pending = [c for c in calls if c.index >= below and c.index not in reported]
 
 
 def _fit(calls: list[ModelCall], budget: int) -> list[ModelCall]:

@@ -153,6 +153,50 @@ async def test_an_agent_that_hangs_up_after_done_has_its_whole_call_recorded(
     assert json.loads(call.response_json)["choices"][0]["message"]["content"] == "echo: a b c d"
 
 
+async def test_calls_are_numbered_in_the_order_the_agent_made_them(
+    gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
+) -> None:
+    # The stream stays open after [DONE], so the agent's next call ends before it does
+    # (a CI run saw the refusal that followed a stream take the stream's place).
+    fake_openai.linger_after_done_s = 0.3
+    gw, loopback = gateway
+    await gw.open("7" * 64, 7, spec_for(fake_openai, max_calls=1), KEY)
+    client = client_for(loopback, 7)
+    stream = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "a b"}], stream=True
+    )
+    assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "echo: a b"
+    with pytest.raises(openai.RateLimitError):
+        await client.completions.create(model="m", prompt="over")
+    await asyncio.sleep(0.5)  # the stream's handler returns after the linger
+    calls = gw.drain("7" * 64)
+    assert [(c.index, c.status, c.stream) for c in calls] == [(0, 200, True), (1, 429, False)]
+
+
+async def test_a_restarted_worker_reports_only_what_no_step_reported(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    loopback = HostLoopback()
+    first = NodeGateway(tmp_path, listen=loopback)
+    await first.open("6" * 64, 6, spec_for(fake_openai), KEY)
+    client = client_for(loopback, 6)
+    await client.completions.create(model="m", prompt="one")
+    assert [c.index for c in first.drain("6" * 64)] == [0]
+    await client.completions.create(model="m", prompt="two")
+    await first.stop()
+
+    again = NodeGateway(tmp_path, listen=loopback)
+
+    async def pid_of(_: str) -> int:
+        return 6
+
+    await again.reopen(pid_of)
+    await client_for(loopback, 6).completions.create(model="m", prompt="three")
+    assert [c.index for c in again.drain("6" * 64)] == [1, 2]
+    await again.close("6" * 64)
+    await again.stop()
+
+
 async def test_an_agent_that_hangs_up_mid_stream_is_a_499_with_what_it_was_sent(
     gateway: tuple[NodeGateway, HostLoopback], fake_openai: FakeOpenAI
 ) -> None:

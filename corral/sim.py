@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -82,6 +83,19 @@ class SimOptions(BaseModel):
     port_base: int = Field(default=DEFAULT_PORT_BASE, ge=1024, le=65000)
 
 
+class PlacementGaps(BaseModel):
+    """One placement, cut at its history's events: which side it waited on."""
+
+    episode_id: str
+    placement_ms: float  # the whole of it, as in slowest_placements
+    start_call_ms: float  # the SDK's call until the server's WorkflowExecutionStarted
+    to_workflow_task_ms: float  # until a workflow worker took the first task
+    workflow_task_ms: float  # that task, with the `corral.place` local activity
+    to_activity_ms: float  # until the first activity was scheduled (more tasks, if any)
+    to_node_ms: float  # the activity scheduled until a node took it
+    node_report_ms: float  # the node's activity started until the sim saw it
+
+
 class SimReport(BaseModel):
     nodes: int
     arrival_rate: float
@@ -97,6 +111,9 @@ class SimReport(BaseModel):
     # The slowest placements: [seconds after the first arrival, ms]; the faults
     # strike at half the duration.
     slowest_placements: list[tuple[float, float]] = []
+    # Where each of those waited, from its history (ms, the server's clock but the
+    # first and last): see `PlacementGaps`.
+    slowest_gaps: list[PlacementGaps] = []
     episodes_per_s: float
     temporal_cpu_ms_per_episode: float
     temporal_cpu_ms_per_step: float
@@ -146,6 +163,10 @@ def cpu_ms(pid: int | None) -> float:
         return 0.0
     ticks = int(fields[11]) + int(fields[12])  # utime, stime
     return ticks * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 1)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -247,6 +268,7 @@ class _Run:
         self.stats = stats
         self.stack = stack
         self.submitted: dict[str, float] = {}  # episode id -> monotonic, before the start call
+        self.submitted_wall: dict[str, float] = {}  # the same moment, time.time()
         self.start_errors = 0
         self.killed = 0
 
@@ -255,6 +277,7 @@ class _Run:
 
     async def _start_one(self, episode_id: str) -> None:
         self.submitted[episode_id] = time.monotonic()
+        self.submitted_wall[episode_id] = time.time()
         try:
             await self.corral.start_episode(self._spec(), episode_id=episode_id)
         except CorralError:
@@ -331,14 +354,18 @@ class _Run:
             for ep, at in self.submitted.items()
             if ep in self.stats.first_activity
         ]
-        slowest = sorted(
-            (
-                (round(at - began, 1), round((self.stats.first_activity[ep] - at) * 1000.0, 1))
-                for ep, at in self.submitted.items()
-                if ep in self.stats.first_activity
-            ),
-            key=lambda pair: -pair[1],
+        slowest_ids = sorted(
+            (ep for ep in self.submitted if ep in self.stats.first_activity),
+            key=lambda ep: self.submitted[ep] - self.stats.first_activity[ep],
         )[:3]
+        slowest = [
+            (
+                round(self.submitted[ep] - began, 1),
+                round((self.stats.first_activity[ep] - self.submitted[ep]) * 1000.0, 1),
+            )
+            for ep in slowest_ids
+        ]
+        gaps = [g for g in [await self._gaps(ep) for ep in slowest_ids] if g is not None]
         per_episode = temporal_cpu / max(started, 1)
         net = max(temporal_cpu - idle_share * run_s * 1000.0, 0.0) / max(started, 1)
         return SimReport(
@@ -354,6 +381,7 @@ class _Run:
             placement_p50_ms=round(percentile(latencies, 0.50), 1),
             placement_p99_ms=round(percentile(latencies, 0.99), 1),
             slowest_placements=slowest,
+            slowest_gaps=gaps,
             episodes_per_s=round(outcome["completed"] / run_s, 2),
             temporal_cpu_ms_per_episode=round(per_episode, 1),
             temporal_cpu_ms_per_step=round(per_episode / self.options.steps, 2),
@@ -423,6 +451,38 @@ class _Run:
                     gap = first.event_time.ToDatetime() - started
                     latencies.append(gap.total_seconds() * 1000.0)
         return latencies
+
+    async def _gaps(self, episode_id: str) -> PlacementGaps | None:
+        """Where one placement's time went, from its history."""
+        try:
+            history = await self.corral.client.get_workflow_handle(episode_id).fetch_history()
+        except RPCError:
+            return None
+        at: dict[int, float] = {}
+        for event in history.events:  # the first of each kind
+            at.setdefault(event.event_type, event.event_time.ToDatetime(UTC).timestamp())
+        kinds = (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED,
+            EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+            EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+            EVENT_ACTIVITY_STARTED,
+        )
+        if any(kind not in at for kind in kinds):
+            return None
+        started, task, done, scheduled, on_node = (at[kind] for kind in kinds)
+        arrived = self.stats.first_activity[episode_id] - self.submitted[episode_id]
+        arrived_wall = self.submitted_wall[episode_id] + arrived
+        return PlacementGaps(
+            episode_id=episode_id,
+            placement_ms=_ms(arrived),
+            start_call_ms=_ms(started - self.submitted_wall[episode_id]),
+            to_workflow_task_ms=_ms(task - started),
+            workflow_task_ms=_ms(done - task),
+            to_activity_ms=_ms(scheduled - done),
+            to_node_ms=_ms(on_node - scheduled),
+            node_report_ms=_ms(arrived_wall - on_node),
+        )
 
     async def _episode_events(self, sample: int = 5) -> int:
         """History length of completed episodes (the median of a few)."""

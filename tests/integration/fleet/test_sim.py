@@ -46,6 +46,12 @@ def test_sim_with_a_tenth_of_the_nodes_killed_loses_no_episode() -> None:
     assert report["completed"] + report["failed_node_lost"] == report["started"]
     # Liveness is presence activities; signals are news only, far under the ceiling.
     assert report["max_signals_per_s_per_workflow"] < 10
+    # The slowest placements are cut at their histories' events, and the cuts add up.
+    assert report["slowest_gaps"], report["slowest_placements"]
+    for gaps in report["slowest_gaps"]:
+        parts = [v for k, v in gaps.items() if k.endswith("_ms") and k != "placement_ms"]
+        # Two clocks meet (the sim's, the server's): a few ms of skew either way.
+        assert min(parts) > -50 and abs(sum(parts) - gaps["placement_ms"]) < 5, gaps
 
 
 def test_sim_refuses_a_bad_option_in_one_line() -> None:

@@ -47,6 +47,8 @@ class DevServerConfig(_Strict):
     metrics_port: int = 9233
     db_file: str = "temporal.sqlite"
     search_attributes: dict[str, str] = Field(default_factory=dict)
+    # Server dynamic config (`--dynamic-config-value KEY=VALUE`, the value as JSON).
+    dynamic_config: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("listen")
     @classmethod

@@ -87,6 +87,7 @@ class PlacementGaps(BaseModel):
     """One placement, cut at its history's events: which side it waited on."""
 
     episode_id: str
+    submitted_at: float  # Unix time, to line it up with other clocks (CPU samples, logs)
     placement_ms: float  # the whole of it, as in slowest_placements
     start_call_ms: float  # the SDK's call until the server's WorkflowExecutionStarted
     to_workflow_task_ms: float  # until a workflow worker took the first task
@@ -475,6 +476,7 @@ class _Run:
         arrived_wall = self.submitted_wall[episode_id] + arrived
         return PlacementGaps(
             episode_id=episode_id,
+            submitted_at=round(self.submitted_wall[episode_id], 2),
             placement_ms=_ms(arrived),
             start_call_ms=_ms(started - self.submitted_wall[episode_id]),
             to_workflow_task_ms=_ms(task - started),

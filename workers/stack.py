@@ -254,10 +254,11 @@ class Stack:
                 "--log-level",
                 "warn",
                 "--ui-disable-news-fetch",
-                # On-call reads trajectories from histories; keep closed ones a while.
                 "--dynamic-config-value",
                 "frontend.enableUpdateWorkflowExecution=true",
             ]
+            for key, value in dev.dynamic_config.items():
+                argv += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
             for name, kind in dev.search_attributes.items():
                 argv += ["--search-attribute", f"{name}={kind}"]
             proc.start(argv)

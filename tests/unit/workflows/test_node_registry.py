@@ -3,8 +3,13 @@
 `corral.node_lost` is a fake that records whom it was asked to tell; the real
 fan-out (visibility query + signals) runs on the stack in the fleet tests.
 Nodes are the real presence activity (`activities/presence.py`) on a worker of
-the node's queue, heartbeating every 50 ms so that skipped time (5 s a step,
-`_pass`) sees them beat; a node with no such worker never picks presence up.
+the node's queue, heartbeating every 50 ms; a node with no such worker never
+picks presence up.
+
+The test server skips no time while an activity is pending, and presence is
+one for the whole test: the registry's clock runs in real time here. So its
+timeouts are cut by `CLOCK_SCALE` (25 s lost verdict: 5 s), every proportion
+kept; `_pass` steps one check at a time.
 """
 
 from __future__ import annotations
@@ -25,14 +30,13 @@ from test_episode_time_skipping import _test_server
 from activities.presence import Presence
 from contract.models import NodeCapacity, NodeHeartbeat, NodeLostInput, NodeUsage
 from workers.temporal import workflow_runner
+from workflows import nodes
 from workflows.nodes import (
     FORGET_LOST_AFTER_S,
     HEARTBEAT_EVERY_S,
     KEEPALIVE_EVERY_S,
-    LOST_AFTER_S,
     MAX_SIGNALS_PER_RUN,
     REGISTRY_SHARDS,
-    RETELL_LOST_EVERY_S,
     BeatGate,
     NodeRegistryWorkflow,
     drain_node,
@@ -45,6 +49,21 @@ from workflows.nodes import (
 
 QUEUE = "registry-under-test"
 _NAMES = ("a", "b", "c", "d")
+CLOCK_SCALE = 5.0
+_SCALED = (
+    "LOST_AFTER_S",
+    "PRESENCE_TIMEOUT_S",
+    "CHECK_EVERY_S",
+    "IDLE_CHECK_EVERY_S",
+    "RETELL_LOST_EVERY_S",
+)
+
+
+@pytest.fixture(autouse=True)
+def _fast_registry_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workflow reads these at run time (its module is passed through, not copied).
+    for name in _SCALED:
+        monkeypatch.setattr(nodes, name, getattr(nodes, name) / CLOCK_SCALE)
 
 
 def _beat(name: str, boot: str = "1") -> NodeHeartbeat:
@@ -75,10 +94,12 @@ async def _node(
 
 
 async def _pass(env: WorkflowEnvironment, seconds: float) -> None:
-    """Let `seconds` of workflow time go by, the nodes heartbeating between steps."""
-    for _ in range(int(seconds // 5)):
-        await env.sleep(timedelta(seconds=5))
-        await asyncio.sleep(0.2)
+    """Let `seconds` of workflow time go by, one registry check a step, the nodes
+    heartbeating between steps."""
+    step = nodes.CHECK_EVERY_S
+    for _ in range(round(seconds / step)):
+        await env.sleep(timedelta(seconds=step))
+        await asyncio.sleep(0.05)
 
 
 async def _states(env: WorkflowEnvironment) -> dict[str, str]:
@@ -128,12 +149,12 @@ async def test_join_drain_and_loss(registry: tuple[WorkflowEnvironment, list[str
         # Neither signals again; "a" stays by its presence alone, "b" goes
         # quiet and is lost when its presence times out.
         quiet = True
-        await _pass(env, LOST_AFTER_S + 10)
+        await _pass(env, nodes.LOST_AFTER_S + 2 * nodes.CHECK_EVERY_S)
         assert await _states(env) == {"a": "ready", "b": "lost"}
         assert told == ["b"]
         assert {n.name: n.present for n in await list_nodes(env.client)} == {"a": True, "b": False}
 
-        await _pass(env, RETELL_LOST_EVERY_S + 10)
+        await _pass(env, nodes.RETELL_LOST_EVERY_S + 2 * nodes.CHECK_EVERY_S)
         assert told.count("b") >= 2  # told again while it stays lost
 
         # Its heartbeats get out again: refused (timed out), so presence ends on
@@ -145,7 +166,7 @@ async def test_join_drain_and_loss(registry: tuple[WorkflowEnvironment, list[str
             await asyncio.sleep(0.1)
         assert not b_presence.armed
         await send_heartbeat(env.client, QUEUE, _beat("b"))  # it comes back, still drained
-        await _pass(env, 10)
+        await _pass(env, 2 * nodes.CHECK_EVERY_S)
         assert (await _states(env))["b"] == "draining"
         assert b_presence.armed
 
@@ -155,7 +176,7 @@ async def test_a_node_that_never_picks_up_presence_is_lost(
 ) -> None:
     env, told = registry
     await send_heartbeat(env.client, QUEUE, _beat("c"))  # no worker polls its queue
-    await _pass(env, LOST_AFTER_S + 5)
+    await _pass(env, nodes.LOST_AFTER_S + nodes.CHECK_EVERY_S)
     assert await _states(env) == {"c": "lost"}
     assert told == ["c"]
 
@@ -167,13 +188,13 @@ async def test_a_stopped_worker_is_lost_unless_it_comes_back(
     async with _node(env, "a"), _node(env, "b"):
         await send_heartbeat(env.client, QUEUE, _beat("a", boot="1"))
         await send_heartbeat(env.client, QUEUE, _beat("b", boot="1"))
-        await _pass(env, 10)
+        await _pass(env, 2 * nodes.CHECK_EVERY_S)
     # Both workers stopped (`NodeStopping`): neither is lost at once.
-    await _pass(env, 10)
+    await _pass(env, 2 * nodes.CHECK_EVERY_S)
     assert await _states(env) == {"a": "ready", "b": "ready"}
     async with _node(env, "a"):  # "a" restarts, "b" does not
         await send_heartbeat(env.client, QUEUE, _beat("a", boot="2"))
-        await _pass(env, LOST_AFTER_S + 10)
+        await _pass(env, nodes.LOST_AFTER_S + 2 * nodes.CHECK_EVERY_S)
         assert await _states(env) == {"a": "ready", "b": "lost"}
         assert told == ["b"]
 
@@ -185,13 +206,13 @@ async def test_a_restarted_worker_is_not_lost_by_its_predecessor(
     dead = Presence(silenced=lambda: True, every_s=0.05)  # a crash: no heartbeat, no word
     async with _node(env, "a", dead):
         await send_heartbeat(env.client, QUEUE, _beat("a", boot="1"))
-        await _pass(env, 10)
+        await _pass(env, 2 * nodes.CHECK_EVERY_S)
         # The new worker, beside the hung old one (on a queue of its own: the SDK
         # allows one worker a queue per process).
         async with _node(env, "a-2"):
             beat = _beat("a", boot="2").model_copy(update={"task_queue": "corral-node-a-2"})
             await send_heartbeat(env.client, QUEUE, beat)
-            await _pass(env, LOST_AFTER_S + 10)
+            await _pass(env, nodes.LOST_AFTER_S + 2 * nodes.CHECK_EVERY_S)
             assert await _states(env) == {"a": "ready"}
     assert told == []
 
@@ -207,11 +228,11 @@ async def test_continue_as_new_arms_presence_again(
             await asyncio.gather(
                 *(send_heartbeat(env.client, QUEUE, _beat("a")) for _ in range(100))
             )
-        await _pass(env, 5)
+        await _pass(env, nodes.CHECK_EVERY_S)
         assert (await node_registry(env.client, "a").describe()).run_id != first
         # The old run's presence is refused at its next heartbeat and ends; the
         # new run's runs on, and the node outlives several timeouts.
-        await _pass(env, 3 * LOST_AFTER_S)
+        await _pass(env, 3 * nodes.LOST_AFTER_S)
         assert await _states(env) == {"a": "ready"}
         assert presence.armed
     assert told == []
@@ -234,7 +255,7 @@ async def test_a_lost_node_leaves_the_list_after_a_while(
 ) -> None:
     env, _ = registry
     await send_heartbeat(env.client, QUEUE, _beat("a"))
-    await env.sleep(timedelta(seconds=LOST_AFTER_S + 15))
+    await env.sleep(timedelta(seconds=nodes.LOST_AFTER_S + 3 * nodes.CHECK_EVERY_S))
     assert {n.name: n.state for n in await list_nodes(env.client)} == {"a": "lost"}
     await env.sleep(timedelta(seconds=FORGET_LOST_AFTER_S))
     assert await list_nodes(env.client) == []

@@ -9,8 +9,8 @@ activity (`activities/presence.py`) its registry shard arms on it. Everything on
 (Temporal, the workflow worker, registry, placement, admission, janitor) is
 the real code, unchanged.
 
-Faults: `kill` stops the node as a crash would (heartbeats end, the worker
-stops polling, its running activities never complete normally); `partition`
+Faults: `kill` stops the node as a crash would (heartbeats end, presence
+goes silent, no activity it holds or takes completes); `partition`
 silences its heartbeats, signals and presence both, for a while; `slow`
 multiplies every duration.
 """
@@ -144,18 +144,20 @@ class SimNode:
             self._beats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beats
-        if self._worker is not None and not self.dead:
-            await self._worker.shutdown()
+        if self._worker is not None:
+            await self._worker.shutdown()  # a dead node's hung fakes are cancelled here
 
     def kill(self) -> None:
-        """A crash: silent at once, no poll again. The worker's shutdown cancels the
-        running fakes; unlike a real crash, each cancel is reported (the retry goes
-        to a queue nobody polls, and the registry's `node_lost` ends the episode)."""
+        """A crash: silent at once, nothing it holds or takes ever completes. Its
+        worker is not shut down: a shutdown says `NodeStopping` for presence and
+        cancels each running activity, a storm of reports a crashed host never
+        sends (a hundred at once cost the dev server about 5 core-seconds). Its
+        presence times out instead, and the registry's `node_lost` ends its
+        episodes."""
         self.dead = True
+        self._silent_until = math.inf
         if self._beats is not None:
             self._beats.cancel()
-        if self._worker is not None:
-            self._shutdown = asyncio.create_task(self._worker.shutdown())
 
     def partition(self, seconds: float) -> None:
         """Its heartbeats stop reaching the registry for `seconds`; work goes on."""
@@ -204,12 +206,19 @@ class SimNode:
 
     # ------------------------------------------------------------ the fakes
     def _arrived(self) -> None:
+        if self.dead:  # a crashed host takes nothing: not a placement that arrived
+            return
         workflow_id = activity.info().workflow_id or ""
         self._stats.first_activity.setdefault(workflow_id, time.monotonic())
+
+    async def _hang_if_dead(self) -> None:
+        if self.dead:  # it crashed: no answer, ever (stop() cancels it)
+            await asyncio.Event().wait()
 
     async def _sleep(self, median_ms: float) -> float:
         seconds = self._timings.draw(median_ms, self._rng, self.slow_factor)
         await asyncio.sleep(seconds)
+        await self._hang_if_dead()
         return seconds
 
     async def _create(self, request: ProvisionInput) -> ProvisionResult:
@@ -286,6 +295,7 @@ class SimNode:
 
     @activity.defn(name="corral.reap_orphans")
     async def reap_orphans(self, request: ReapInput) -> ReapResult:
+        await self._hang_if_dead()
         return ReapResult(node=self.name, checked=len(self._sandboxes), removed=[])
 
 

@@ -95,6 +95,7 @@ class PlacementGaps(BaseModel):
     to_activity_ms: float  # until the first activity was scheduled (more tasks, if any)
     to_node_ms: float  # the activity scheduled until a node took it
     node_report_ms: float  # the node's activity started until the sim saw it
+    signals_before: int  # signals in its history before its first activity (node_lost, ...)
 
 
 class SimReport(BaseModel):
@@ -460,8 +461,11 @@ class _Run:
         except RPCError:
             return None
         at: dict[int, float] = {}
+        signals = 0
         for event in history.events:  # the first of each kind
             at.setdefault(event.event_type, event.event_time.ToDatetime(UTC).timestamp())
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                signals += EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in at
         kinds = (
             EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED,
             EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
@@ -484,6 +488,7 @@ class _Run:
             to_activity_ms=_ms(scheduled - done),
             to_node_ms=_ms(on_node - scheduled),
             node_report_ms=_ms(arrived_wall - on_node),
+            signals_before=signals,
         )
 
     async def _episode_events(self, sample: int = 5) -> int:

@@ -351,23 +351,17 @@ class _Run:
         episode_events = await self._episode_events()
         server_latencies = await self._server_latencies()
         started = len(self.submitted)
-        latencies = [
-            (self.stats.first_activity[ep] - at) * 1000.0
+        placed_s = {  # start call -> first activity on a node, each placed episode
+            ep: self.stats.first_activity[ep] - at
             for ep, at in self.submitted.items()
             if ep in self.stats.first_activity
+        }
+        latencies = [seconds * 1000.0 for seconds in placed_s.values()]
+        slowest_ids = sorted(placed_s, key=placed_s.__getitem__, reverse=True)[:3]
+        slowest = [(round(self.submitted[ep] - began, 1), _ms(placed_s[ep])) for ep in slowest_ids]
+        gaps = [
+            g for g in [await self._gaps(ep, placed_s[ep]) for ep in slowest_ids] if g is not None
         ]
-        slowest_ids = sorted(
-            (ep for ep in self.submitted if ep in self.stats.first_activity),
-            key=lambda ep: self.submitted[ep] - self.stats.first_activity[ep],
-        )[:3]
-        slowest = [
-            (
-                round(self.submitted[ep] - began, 1),
-                round((self.stats.first_activity[ep] - self.submitted[ep]) * 1000.0, 1),
-            )
-            for ep in slowest_ids
-        ]
-        gaps = [g for g in [await self._gaps(ep) for ep in slowest_ids] if g is not None]
         per_episode = temporal_cpu / max(started, 1)
         net = max(temporal_cpu - idle_share * run_s * 1000.0, 0.0) / max(started, 1)
         return SimReport(
@@ -454,8 +448,8 @@ class _Run:
                     latencies.append(gap.total_seconds() * 1000.0)
         return latencies
 
-    async def _gaps(self, episode_id: str) -> PlacementGaps | None:
-        """Where one placement's time went, from its history."""
+    async def _gaps(self, episode_id: str, arrived: float) -> PlacementGaps | None:
+        """Where one placement's time went (`arrived` s in all), from its history."""
         try:
             history = await self.corral.client.get_workflow_handle(episode_id).fetch_history()
         except RPCError:
@@ -476,7 +470,6 @@ class _Run:
         if any(kind not in at for kind in kinds):
             return None
         started, task, done, scheduled, on_node = (at[kind] for kind in kinds)
-        arrived = self.stats.first_activity[episode_id] - self.submitted[episode_id]
         arrived_wall = self.submitted_wall[episode_id] + arrived
         return PlacementGaps(
             episode_id=episode_id,
